@@ -1,0 +1,30 @@
+# The two commands: `make run` starts the platform, `make test` runs the tests.
+# Both create .venv from requirements.txt on first use (Python 3.11+ and make only).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-fast faults lint bench clean
+
+$(STAMP): requirements.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $(STAMP)
+
+run: $(STAMP)
+	@$(BIN)/python scripts/run.py
+
+test: $(STAMP)
+	@$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+faults: $(STAMP)
+	@FAULTS_LONG=1 $(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	@$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) staticfiles .pytest_cache

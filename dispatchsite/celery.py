@@ -1,0 +1,13 @@
+"""The one Celery app of the platform; configuration comes from Django settings."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
+
+app = Celery("dispatchsite")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.imports = ("tasks.dispatch", "tasks.handlers", "tasks.maintenance")

@@ -1,0 +1,47 @@
+"""Generated secrets kept in one git-ignored 0600 file beside the project.
+
+Every process started in the project folder (web, workers, beat, Flower,
+``manage.py`` commands) reads the same file, so they all reach the embedded
+Redis and share the Django secret key without extra setup.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+
+SECRET_NAMES = ("secret_key", "redis_password", "admin_password", "flower_password", "metrics_token")
+
+
+def _generate() -> dict[str, str]:
+    return {name: secrets.token_urlsafe(36 if name == "secret_key" else 18) for name in SECRET_NAMES}
+
+
+def load_secrets(path: Path) -> dict[str, str]:
+    """Read the secrets file, creating it (mode 0600, atomically) on first use."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        data = {}
+    missing = [name for name in SECRET_NAMES if not data.get(name)]
+    if not missing:
+        return data
+    data = {**_generate(), **{k: v for k, v in data.items() if v}}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+    try:
+        if path.exists():
+            os.replace(tmp, path)  # an older file lacked a secret: complete it
+        else:
+            # Another process may win the race to create it: keep the first file.
+            os.link(tmp, path)
+    except FileExistsError:
+        data = json.loads(path.read_text())
+    finally:
+        tmp.unlink(missing_ok=True)
+    os.chmod(path, 0o600)
+    return data

@@ -1,0 +1,186 @@
+"""Django settings, all from the environment with embedded defaults.
+
+Defaults give a working single-machine platform: SQLite in the project folder and
+the embedded Redis started by ``make run``. ``DATABASE_URL`` and ``REDIS_URL``
+point everything at shared PostgreSQL / Redis when running on several machines.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import quote
+
+import dj_database_url
+
+from dispatchsite.secrets import load_secrets
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_list(name: str, default: str) -> list[str]:
+    return [item.strip() for item in os.environ.get(name, default).split(",") if item.strip()]
+
+
+SECRETS_FILE = Path(os.environ.get("DISPATCH_SECRETS_FILE", BASE_DIR / ".dispatch-secrets.json"))
+GENERATED = load_secrets(SECRETS_FILE)
+
+SECRET_KEY = os.environ.get("SECRET_KEY") or GENERATED["secret_key"]
+DEBUG = env_bool("DEBUG")
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "127.0.0.1,localhost")
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_results",
+    "lanes",
+    "tasks",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "dispatchsite.urls"
+WSGI_APPLICATION = "dispatchsite.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'var' / 'dispatch.sqlite3'}",
+        conn_max_age=600,
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # Web, workers and beat write concurrently: WAL and a generous busy timeout.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+    DATABASES["default"]["TEST"] = {"NAME": DATABASES["default"]["NAME"]}
+    Path(DATABASES["default"]["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+LOGIN_URL = "admin:login"
+
+# Production profile (``DISPATCH_PROFILE=production``): HTTPS-only cookies and HSTS.
+if os.environ.get("DISPATCH_PROFILE") == "production":
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", "31536000"))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- Redis and Celery -------------------------------------------------------
+REDIS_PORT = int(os.environ.get("REDIS_PORT", "6380"))
+REDIS_URL = os.environ.get("REDIS_URL") or (
+    f"redis://:{quote(GENERATED['redis_password'], safe='')}@127.0.0.1:{REDIS_PORT}/0"
+)
+
+#: Seconds a running task's claim, and the broker's visibility timeout, last
+#: without renewal: a crashed worker's task is redelivered within about this.
+DISPATCH_LEASE_S = float(os.environ.get("DISPATCH_LEASE_S", "30"))
+#: Seconds a published-but-not-started chat head may wait before the recovery
+#: sweep republishes it (duplicates are harmless: execution claims dedupe them).
+DISPATCH_QUEUED_LEASE_S = float(os.environ.get("DISPATCH_QUEUED_LEASE_S", "600"))
+#: Deliveries of one attempt whose worker died before it finished: past this the
+#: task is a dead letter with reason ``poison``.
+DISPATCH_MAX_DELIVERIES = int(os.environ.get("DISPATCH_MAX_DELIVERIES", "3"))
+#: Seconds between checks that move due retries from the delayed set to the lane.
+DISPATCH_PROMOTE_INTERVAL_S = float(os.environ.get("DISPATCH_PROMOTE_INTERVAL_S", "0.2"))
+#: Seconds an idempotency key is remembered at dispatch by default.
+DISPATCH_IDEMPOTENCY_WINDOW_S = int(os.environ.get("DISPATCH_IDEMPOTENCY_WINDOW_S", "86400"))
+#: Days resolved dead letters are kept before the purge removes them.
+DISPATCH_DEADLETTER_RETENTION_DAYS = int(os.environ.get("DISPATCH_DEADLETTER_RETENTION_DAYS", "30"))
+DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1,localhost")
+DISPATCH_METRICS_TOKEN = os.environ.get("DISPATCH_METRICS_TOKEN") or GENERATED["metrics_token"]
+FLOWER_URL = os.environ.get("FLOWER_URL", f"http://127.0.0.1:{os.environ.get('FLOWER_PORT', '5555')}/")
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = "django-db"
+CELERY_RESULT_EXTENDED = True
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_EVENT_SERIALIZER = "json"
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_SEND_TASK_EVENTS = env_bool("CELERY_WORKER_SEND_TASK_EVENTS", True)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = "ingress"
+CELERY_TASK_ROUTES = {"tasks.dispatch": {"queue": "ingress"}, "tasks.maintenance": {"queue": "ingress"}}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    # One Redis list per priority 0..9 (kombu: 0 is served first); see lanes.priorities.
+    "queue_order_strategy": "priority",
+    "priority_steps": list(range(10)),
+    "sep": ":",
+    "visibility_timeout": DISPATCH_LEASE_S,
+    "unacked_restore_interval": max(1, int(DISPATCH_LEASE_S // 5)),
+    "unacked_restore_throttle": 1,
+    "max_connections": 128,
+    "socket_timeout": 15,
+    "socket_connect_timeout": 5,
+}
+CELERY_BROKER_POOL_LIMIT = 32
+CELERY_BEAT_SCHEDULE = {
+    "maintenance": {"task": "tasks.maintenance", "schedule": 2.0},
+    "purge-dead-letters": {"task": "tasks.purge_dead_letters", "schedule": 3600.0},
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}

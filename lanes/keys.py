@@ -1,0 +1,69 @@
+"""Every Redis key the platform uses, built in one place.
+
+Keys that belong to one chat carry the chat id as a Redis Cluster hash tag
+(``{...}``) so a chat's queue and its task records share one slot. Lane queue
+names are the bare Celery queue names, because kombu's Redis transport reads
+them as they are (``lane`` for kombu priority 0, ``lane:N`` for 1..9).
+"""
+
+from __future__ import annotations
+
+PREFIX = "dispatch:"
+PRIORITY_LEVELS = 10
+
+CONFIG_VERSION = PREFIX + "config:version"
+LEASES = PREFIX + "leases"
+METRICS_TOTAL = PREFIX + "m:total"
+REJECTIONS_RECENT = PREFIX + "m:rejections"
+LANE_CONTROL_LOG = PREFIX + "lane-log"
+
+
+def chat_tag(chat_id: str) -> str:
+    # A '}' inside the id would end the tag early; every key of the chat still
+    # gets the same tag, which is all Cluster needs.
+    return "{" + chat_id + "}"
+
+
+def chat_queue(chat_id: str) -> str:
+    return f"{PREFIX}chat:{chat_tag(chat_id)}:q"
+
+
+def chat_record_prefix(chat_id: str) -> str:
+    return f"{PREFIX}chat:{chat_tag(chat_id)}:t:"
+
+
+def task_record(task_id: str, chat_id: str | None = None) -> str:
+    if chat_id:
+        return chat_record_prefix(chat_id) + task_id
+    return f"{PREFIX}t:{task_id}"
+
+
+def lane_queue(lane: str, kombu_priority: int) -> str:
+    """The Redis list kombu reads for ``lane`` at its own priority (0 first)."""
+    return lane if kombu_priority == 0 else f"{lane}:{kombu_priority}"
+
+
+def lane_queues(lane: str) -> list[str]:
+    return [lane_queue(lane, p) for p in range(PRIORITY_LEVELS)]
+
+
+def lane_delayed(lane: str) -> str:
+    return f"{PREFIX}delayed:{lane}"
+
+
+def lane_chat_waiting(lane: str) -> str:
+    """Count of this lane's chat messages waiting behind their chat's head."""
+    return f"{PREFIX}chatwait:{lane}"
+
+
+def idempotency(task_type: str, key: str) -> str:
+    return f"{PREFIX}idem:{task_type}:{key}"
+
+
+def metrics_minute(minute: int) -> str:
+    return f"{PREFIX}m:min:{minute}"
+
+
+def chat_index() -> str:
+    """Sorted set of chats with a backlog, scored by backlog length (dashboard)."""
+    return PREFIX + "chats"

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import re
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+LANE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+RESERVED_QUEUES = {"ingress", "celery"}
+
+
+def validate_lane_name(value: str) -> None:
+    if not LANE_NAME_RE.match(value or ""):
+        raise ValidationError(
+            "Lane name must be 1-64 letters, digits, '_', '.' or '-' (it is the Celery queue name; "
+            "':' is reserved for priority sub-queues)."
+        )
+    if value in RESERVED_QUEUES:
+        raise ValidationError(f"'{value}' is reserved for the platform's own queue.")
+
+
+class Lane(models.Model):
+    """A Celery queue with a bound: tasks of a lane wait and run apart from other lanes."""
+
+    name = models.CharField(
+        "name", max_length=64, unique=True, validators=[validate_lane_name],
+        help_text="The Celery queue name; workers serve it with `-Q name`.",
+    )
+    capacity = models.PositiveIntegerField(
+        "capacity", default=10000,
+        help_text="Most tasks waiting in the lane (all priorities, chat backlogs and scheduled retries).",
+    )
+    accepting = models.BooleanField(
+        "accepting", default=True, help_text="When off, dispatch answers `lane_closed`."
+    )
+    description = models.TextField("description", blank=True)
+
+    class Meta:
+        ordering = ["name"]
+        permissions = [("control_lane", "Can close, open, pause, resume and drain lanes")]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        if self.capacity is not None and self.capacity < 1:
+            raise ValidationError({"capacity": "Capacity must be at least 1."})
+
+
+class LaneEvent(models.Model):
+    """Who changed a lane's state, and when (close/open/pause/resume/drain)."""
+
+    lane = models.CharField("lane", max_length=64)
+    action = models.CharField("action", max_length=16)
+    actor = models.CharField("actor", max_length=150, help_text="User name, or `shell:<user>` for the CLI.")
+    detail = models.TextField("detail", blank=True)
+    created = models.DateTimeField("at", auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.created:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.lane}"

@@ -1,0 +1,34 @@
+-- _lib.lua: helpers prepended to every script by lanes.scripts (not run alone).
+--
+-- A task record is a hash: msg (the broker message, a NUL byte where the
+-- delivery tag goes), q (the lane list it is published to), lane, type,
+-- st (queued|running|retry|done|dead), att (attempt), dlv (deliveries of this
+-- attempt), own (worker running it), chat (chat id or ''), pub (publish count).
+
+-- Publish a record's message to its lane list with a fresh delivery tag, and
+-- give it a lease after which the recovery sweep republishes it.
+local function publish_record(record, leases_key, lease_until)
+  local f = redis.call('HMGET', record, 'msg', 'q')
+  if not f[1] then return false end
+  local msg = f[1]
+  local mark = string.find(msg, '\0', 1, true)
+  local pub = redis.call('HINCRBY', record, 'pub', 1)
+  local task_id = string.match(record, '([^:]+)$')
+  redis.call('LPUSH', f[2], string.sub(msg, 1, mark - 1) .. task_id .. '.' .. pub .. string.sub(msg, mark + 1))
+  redis.call('HSET', record, 'st', 'queued', 'own', '')
+  redis.call('ZADD', leases_key, lease_until, record)
+  return true
+end
+
+local function count_to(total_key, minute_key, field)
+  redis.call('HINCRBY', total_key, field, 1)
+  redis.call('HINCRBY', minute_key, field, 1)
+  redis.call('EXPIRE', minute_key, 1200)
+end
+
+-- A latency observation: one bucket count and the running sum, in seconds.
+local function observe(total_key, minute_key, name, suffix, bucket, seconds)
+  if bucket == '' then return end
+  count_to(total_key, minute_key, name .. '|' .. suffix .. '|' .. bucket)
+  redis.call('HINCRBYFLOAT', total_key, name .. '_sum|' .. suffix, seconds)
+end

@@ -1,0 +1,91 @@
+-- admit.lua: admission of one dispatch, and its publish, in one atomic step.
+--
+-- KEYS[1]  config version        KEYS[2]  task record (hash)
+-- KEYS[3]  leases (zset)         KEYS[4]  idempotency key (string hash) or unused
+-- KEYS[5]  chat queue (list)     KEYS[6]  lane's chat-waiting counter
+-- KEYS[7]  lane delayed (zset)   KEYS[8]  metrics totals (hash)
+-- KEYS[9]  metrics minute (hash) KEYS[10] active chats index (zset)
+-- KEYS[11..20] the lane's ten priority lists (kombu priority 0..9)
+-- ARGV: 1 expected config version, 2 now ms, 3 task id, 4 message (NUL marks
+--   the delivery tag's place), 5 kombu priority 0..9, 6 accepting 0/1,
+--   7 lane capacity, 8 chat id or '', 9 chat queue size, 10 payload digest or ''
+--   (no idempotency key), 11 idempotency window s, 12 queued lease ms,
+--   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue)
+-- KEYS[21] metrics of the previous minute (for the lane's recent completion rate)
+-- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
+--   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
+--   completed_previous_minute}
+--
+-- Because Redis runs a script alone, a dispatch appending to a chat and a worker
+-- handing the chat over (finish.lua) can never interleave: the seed's race, where
+-- a hand-over deleted a queue that a submit had just found, cannot happen.
+
+local version = redis.call('GET', KEYS[1]) or '0'
+if version ~= ARGV[1] then
+  return {'stale', version}
+end
+
+local task_id, chat_id, digest = ARGV[3], ARGV[8], ARGV[10]
+local lane, ttype = ARGV[13], ARGV[14]
+local field_base = lane .. '|' .. ttype
+
+local function count(kind, extra)
+  local field = kind .. '|' .. field_base .. (extra or '')
+  redis.call('HINCRBY', KEYS[8], field, 1)
+  redis.call('HINCRBY', KEYS[9], field, 1)
+  redis.call('EXPIRE', KEYS[9], 1200)
+end
+
+if digest ~= '' and ARGV[15] ~= '1' then
+  local earlier = redis.call('HMGET', KEYS[4], 'task', 'digest')
+  if earlier[1] then
+    if earlier[2] ~= digest then
+      count('rejected', '|idempotency_conflict')
+      return {'conflict', earlier[1]}
+    end
+    return {'dup', earlier[1]}
+  end
+end
+
+local depth = redis.call('ZCARD', KEYS[7]) + tonumber(redis.call('GET', KEYS[6]) or '0')
+for i = 11, 20 do
+  depth = depth + redis.call('LLEN', KEYS[i])
+end
+
+local function reject(reason)
+  count('rejected', '|' .. reason)
+  return {'rej', reason, depth}
+end
+
+if ARGV[6] ~= '1' then return reject('lane_closed') end
+if depth >= tonumber(ARGV[7]) then return reject('lane_full') end
+
+local now = tonumber(ARGV[2])
+local position = depth + 1
+local publish = true
+if chat_id ~= '' then
+  local backlog = redis.call('LLEN', KEYS[5])
+  if backlog >= tonumber(ARGV[9]) then return reject('chat_queue_full') end
+  redis.call('RPUSH', KEYS[5], task_id)
+  redis.call('ZINCRBY', KEYS[10], 1, chat_id)
+  position = backlog + 1
+  if backlog > 0 then
+    publish = false
+    redis.call('INCR', KEYS[6])
+  end
+end
+
+local queue_key = KEYS[11 + tonumber(ARGV[5])]
+redis.call('HSET', KEYS[2], 'msg', ARGV[4], 'q', queue_key, 'lane', lane, 'type', ttype,
+  'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', '0')
+if publish then
+  publish_record(KEYS[2], KEYS[3], now + tonumber(ARGV[12]))
+end
+if digest ~= '' then
+  redis.call('HSET', KEYS[4], 'task', task_id, 'digest', digest)
+  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[11]))
+end
+count('dispatched')
+local done_field = 'completed|' .. lane
+return {'ok', position, depth, redis.call('HGET', KEYS[9], done_field) or '0',
+  redis.call('HGET', KEYS[21], done_field) or '0'}

@@ -1,0 +1,21 @@
+-- retry.lua: park a failed attempt's successor in the lane's delayed set.
+--
+-- KEYS[1] task record   KEYS[2] leases   KEYS[3] lane delayed set
+-- KEYS[4] metrics totals   KEYS[5] metrics minute
+-- ARGV: 1 next attempt, 2 its message, 3 due ms, 4 queued lease ms,
+--   5 metric field suffix ('lane|type')
+-- Returns {'ok'} | {'already', state}
+--
+-- The message leaves worker memory: it waits in Redis, so a delay longer than
+-- the broker's visibility timeout cannot make it run twice.
+
+local f = redis.call('HMGET', KEYS[1], 'st', 'att')
+if f[1] ~= 'running' or tonumber(f[2]) ~= tonumber(ARGV[1]) - 1 then
+  return {'already', f[1] or ''}
+end
+local due = tonumber(ARGV[3])
+redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'att', ARGV[1], 'st', 'retry', 'dlv', '0', 'own', '')
+redis.call('ZADD', KEYS[3], due, KEYS[1])
+redis.call('ZADD', KEYS[2], due + tonumber(ARGV[4]), KEYS[1])
+count_to(KEYS[4], KEYS[5], 'retried|' .. ARGV[5] .. '|' .. (tonumber(ARGV[1]) - 1))
+return {'ok'}

@@ -1,0 +1,32 @@
+-- start.lua: claim a task's execution before its handler runs.
+--
+-- KEYS[1] task record   KEYS[2] leases   KEYS[3] metrics totals
+-- KEYS[4] metrics minute   KEYS[5] config version   KEYS[6] chat queue or record
+-- ARGV: 1 task id, 2 attempt carried by the message, 3 owner (host:pid:thread),
+--   4 now ms, 5 lease ms, 6 max deliveries, 7 owner known dead ('' if none),
+--   8 metric field suffix ('lane|type'), 9 queue-latency bucket label or '',
+--   10 queue latency in seconds
+-- Returns {'run', deliveries, config_version} | {'gone'} | {'done', result}
+--   | {'dead'} | {'stale'} | {'busy', owner} | {'nothead'} | {'poison', deliveries}
+
+local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat', 'res')
+local st = f[1]
+if not st then return {'gone'} end
+if st == 'done' then return {'done', f[5] or 'null'} end
+if st == 'dead' then return {'dead'} end
+if tonumber(ARGV[2]) < tonumber(f[2]) then return {'stale'} end
+local now = tonumber(ARGV[4])
+if st == 'running' and f[3] ~= ARGV[3] and f[3] ~= ARGV[7] then
+  local lease = tonumber(redis.call('ZSCORE', KEYS[2], KEYS[1]) or '0')
+  if lease > now then return {'busy', f[3]} end
+end
+if f[4] ~= '' and redis.call('LINDEX', KEYS[6], 0) ~= ARGV[1] then
+  return {'nothead'}
+end
+local dlv = redis.call('HINCRBY', KEYS[1], 'dlv', 1)
+if dlv > tonumber(ARGV[6]) then return {'poison', dlv} end
+redis.call('HSET', KEYS[1], 'st', 'running', 'own', ARGV[3])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), KEYS[1])
+count_to(KEYS[3], KEYS[4], 'started|' .. ARGV[8])
+observe(KEYS[3], KEYS[4], 'qlat', ARGV[8], ARGV[9], ARGV[10])
+return {'run', dlv, redis.call('GET', KEYS[5]) or '0'}

@@ -1,0 +1,30 @@
+-- sweep.lua: republish tasks whose lease expired (their worker or publisher died).
+--
+-- KEYS[1] leases
+-- ARGV: 1 now ms, 2 most to handle, 3 queued lease ms, 4 delayed-set key prefix
+-- Returns {republished, forgotten}.
+--
+-- A republished copy may meet an earlier copy still in the broker; execution
+-- claims (start.lua) let only one of them run, so over-publishing is safe and
+-- a lost publish is not.
+
+local now = tonumber(ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local republished, forgotten = 0, 0
+for _, record in ipairs(expired) do
+  local f = redis.call('HMGET', record, 'st', 'lane')
+  local st = f[1]
+  if st == 'queued' or st == 'running' or st == 'retry' then
+    if st == 'retry' then redis.call('ZREM', ARGV[4] .. f[2], record) end
+    if publish_record(record, KEYS[1], now + tonumber(ARGV[3])) then
+      republished = republished + 1
+    else
+      redis.call('ZREM', KEYS[1], record)
+      forgotten = forgotten + 1
+    end
+  else
+    redis.call('ZREM', KEYS[1], record)
+    forgotten = forgotten + 1
+  end
+end
+return {republished, forgotten}

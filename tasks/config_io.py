@@ -1,0 +1,109 @@
+"""Config as code: ``apply_config`` / ``export_config`` in the DESIGN.md JSON format.
+
+A file is checked entry by entry with the same model validation as the admin;
+the first bad entry stops everything and is named (``task_types[2] 'chat.send':
+lane: ...``); nothing is written unless every entry is valid.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from lanes.models import Lane
+from tasks.errors import ConfigError
+from tasks.models import RetryPolicy, TaskType
+
+SECTIONS = ("retry_policies", "lanes", "task_types")
+POLICY_FIELDS = ("max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter")
+LANE_FIELDS = ("capacity", "accepting", "description")
+TYPE_FIELDS = ("handler", "priority", "timeout", "attempt_timeout", "chat_scoped", "chat_queue_size",
+               "max_payload_bytes", "idempotency_window", "enabled", "options")
+
+
+def _entries(data: dict, section: str) -> list[dict]:
+    entries = data.get(section, [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{section}: must be a list")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
+            raise ConfigError(f"{section}[{i}]: must be an object with a non-empty string 'name'")
+    return entries
+
+
+def _check_keys(where: str, entry: dict, allowed: tuple[str, ...]) -> None:
+    unknown = sorted(set(entry) - {"name", *allowed})
+    if unknown:
+        raise ConfigError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: name, {', '.join(allowed)}")
+
+
+def _save(where: str, obj: Any) -> None:
+    try:
+        obj.full_clean()
+    except ValidationError as exc:
+        problems = "; ".join(f"{field}: {' '.join(msgs)}" for field, msgs in exc.message_dict.items())
+        raise ConfigError(f"{where}: {problems}") from None
+    obj.save()
+
+
+def apply_config(data: Any) -> dict[str, int]:
+    """Upsert every entry of ``data`` in one transaction; returns counts per section."""
+    if not isinstance(data, dict):
+        raise ConfigError("the config must be a JSON object with retry_policies, lanes and task_types")
+    unknown = sorted(set(data) - set(SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {', '.join(unknown)}; expected: {', '.join(SECTIONS)}")
+    counts = {}
+    with transaction.atomic():
+        for i, entry in enumerate(_entries(data, "retry_policies")):
+            where = f"retry_policies[{i}] {entry['name']!r}"
+            _check_keys(where, entry, POLICY_FIELDS)
+            obj = RetryPolicy.objects.filter(name=entry["name"]).first() or RetryPolicy(name=entry["name"])
+            for field in POLICY_FIELDS:
+                if field in entry:
+                    setattr(obj, field, entry[field])
+            _save(where, obj)
+        counts["retry_policies"] = len(data.get("retry_policies", []))
+        for i, entry in enumerate(_entries(data, "lanes")):
+            where = f"lanes[{i}] {entry['name']!r}"
+            _check_keys(where, entry, LANE_FIELDS)
+            obj = Lane.objects.filter(name=entry["name"]).first() or Lane(name=entry["name"])
+            for field in LANE_FIELDS:
+                if field in entry:
+                    setattr(obj, field, entry[field])
+            _save(where, obj)
+        counts["lanes"] = len(data.get("lanes", []))
+        for i, entry in enumerate(_entries(data, "task_types")):
+            where = f"task_types[{i}] {entry['name']!r}"
+            _check_keys(where, entry, (*TYPE_FIELDS, "lane", "retry_policy"))
+            obj = TaskType.objects.filter(name=entry["name"]).first() or TaskType(name=entry["name"])
+            for field in TYPE_FIELDS:
+                if field in entry:
+                    setattr(obj, field, entry[field])
+            for field, model in (("lane", Lane), ("retry_policy", RetryPolicy)):
+                if field in entry:
+                    ref = model.objects.filter(name=entry[field]).first()
+                    if ref is None:
+                        raise ConfigError(f"{where}: {field} {entry[field]!r} does not exist")
+                    setattr(obj, field, ref)
+                elif obj.pk is None:
+                    raise ConfigError(f"{where}: {field} is required for a new task type")
+            _save(where, obj)
+        counts["task_types"] = len(data.get("task_types", []))
+    return counts
+
+
+def export_config() -> dict[str, list[dict]]:
+    return {
+        "retry_policies": [
+            {"name": p.name, **{f: getattr(p, f) for f in POLICY_FIELDS}} for p in RetryPolicy.objects.all()
+        ],
+        "lanes": [{"name": lane.name, **{f: getattr(lane, f) for f in LANE_FIELDS}} for lane in Lane.objects.all()],
+        "task_types": [
+            {"name": t.name, "lane": t.lane.name, "retry_policy": t.retry_policy.name,
+             **{f: getattr(t, f) for f in TYPE_FIELDS}}
+            for t in TaskType.objects.select_related("lane", "retry_policy")
+        ],
+    }

@@ -1,0 +1,105 @@
+"""Dead letters: recording them, and the operator's requeue and discard."""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import traceback as tb
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from tasks.models import DeadLetter
+
+logger = logging.getLogger(__name__)
+
+
+def record(
+    *,
+    task_id: str,
+    task_type: str,
+    lane: str,
+    reason: str,
+    payload: Any = None,
+    chat_id: str = "",
+    idempotency_key: str = "",
+    metadata: dict | None = None,
+    priority: int = 5,
+    attempts: int = 0,
+    dispatched_at: float | None = None,
+    exc: BaseException | None = None,
+    message: str = "",
+) -> DeadLetter:
+    """Write (or keep, on a redelivery) the one dead-letter row of ``task_id``."""
+    error_class = f"{type(exc).__module__}.{type(exc).__qualname__}" if exc is not None else ""
+    text = message or (str(exc) if exc is not None else "")
+    trace = "".join(tb.format_exception(exc)) if exc is not None else ""
+    row, created = DeadLetter.objects.get_or_create(
+        task_id=task_id,
+        defaults={
+            "task_type": task_type[:100], "lane": lane[:64], "chat_id": chat_id[:128],
+            "payload": payload, "idempotency_key": idempotency_key[:200], "metadata": metadata or {},
+            "priority": priority, "reason": reason, "error_class": error_class[:200],
+            "error_message": text[:10000], "traceback": trace[:50000], "attempts": attempts,
+            "dispatched_at": (dt.datetime.fromtimestamp(dispatched_at, tz=dt.UTC) if dispatched_at else None),
+        },
+    )
+    if created:
+        logger.warning("dead_letter task=%s type=%s reason=%s attempts=%s", task_id, task_type, reason, attempts)
+    return row
+
+
+class RequeueError(Exception):
+    """The dead letter cannot be requeued; the message says why."""
+
+
+def requeue(row: DeadLetter, actor: str) -> str:
+    """Dispatch a fresh task from ``row`` (new deadline), link it and mark the row requeued."""
+    from tasks.dispatch import admit
+
+    with transaction.atomic():
+        locked = DeadLetter.objects.select_for_update().get(pk=row.pk)
+        if locked.status != DeadLetter.Status.DEAD:
+            raise RequeueError(f"dead letter {locked.task_id} is already {locked.status}")
+        if not isinstance(locked.payload, dict):
+            raise RequeueError(f"dead letter {locked.task_id} has no valid payload to requeue")
+        result = admit(
+            locked.task_type, locked.payload, chat_id=locked.chat_id or None, priority=locked.priority,
+            idempotency_key=locked.idempotency_key or None, metadata=locked.metadata or None,
+            _replace_idempotency=True,
+        )
+        if not result.accepted:
+            raise RequeueError(f"dispatch refused the requeue of {locked.task_id}: {result.reason} ({result.detail})")
+        locked.status = DeadLetter.Status.REQUEUED
+        locked.requeued_task_id = result.task_id
+        locked.resolved_at = timezone.now()
+        locked.resolved_by = actor[:150]
+        locked.save(update_fields=["status", "requeued_task_id", "resolved_at", "resolved_by"])
+    logger.info("dead_letter_requeued task=%s new_task=%s by=%s", row.task_id, result.task_id, actor)
+    return result.task_id
+
+
+def discard(row: DeadLetter, actor: str) -> None:
+    updated = DeadLetter.objects.filter(pk=row.pk, status=DeadLetter.Status.DEAD).update(
+        status=DeadLetter.Status.DISCARDED, resolved_at=timezone.now(), resolved_by=actor[:150]
+    )
+    if not updated:
+        raise RequeueError(f"dead letter {row.task_id} is not pending")
+    logger.info("dead_letter_discarded task=%s by=%s", row.task_id, actor)
+
+
+def purge_resolved(retention_days: int | None = None, batch_size: int = 500) -> int:
+    """Delete resolved rows older than the retention, ``batch_size`` at a time."""
+    days = settings.DISPATCH_DEADLETTER_RETENTION_DAYS if retention_days is None else retention_days
+    cutoff = timezone.now() - dt.timedelta(days=days)
+    total = 0
+    while True:
+        ids = list(
+            DeadLetter.objects.exclude(status=DeadLetter.Status.DEAD)
+            .filter(resolved_at__lt=cutoff).values_list("pk", flat=True)[:batch_size]
+        )
+        if not ids:
+            return total
+        total += DeadLetter.objects.filter(pk__in=ids).delete()[0]

@@ -1,0 +1,191 @@
+"""``dispatch``: admission in the caller, one Redis call, and a result at once.
+
+``dispatch.delay(type, payload, chat_id=..., ...)`` never raises for bad input
+or a full queue: it returns a ``DispatchResult`` whose ``reason`` says why it
+was not accepted. Services that do not import this code send the same call by
+name (``app.send_task("tasks.dispatch", ...)``); a worker on the ``ingress``
+queue runs the same admission for them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+from celery import Task
+from celery.result import AsyncResult
+from django.conf import settings
+
+from dispatchsite.celery import app
+from lanes import keys
+from lanes.priorities import to_kombu
+from lanes.scripts import script
+from tasks import config, hooks
+from tasks.messages import Envelope, build_message
+from tasks.validation import Invalid, check_dispatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DispatchResult:
+    accepted: bool
+    task_id: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    position: int | None = None
+    reason: str | None = None
+    detail: str = ""
+    duplicate: bool = False
+    estimated_delay: float | None = None
+
+    def get(self, timeout: float | None = None, propagate: bool = True, interval: float = 0.1) -> Any:
+        """Wait for the task's outcome, like Celery's ``AsyncResult.get``."""
+        if not self.task_id:
+            raise ValueError(f"dispatch was not accepted ({self.reason}): there is no task to wait for")
+        return self.async_result().get(timeout=timeout, propagate=propagate, interval=interval)
+
+    def async_result(self) -> AsyncResult:
+        return AsyncResult(self.task_id, app=app)
+
+    @property
+    def id(self) -> str | None:
+        return self.task_id
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rejected(type_name: str, lane: str, reason: str, detail: str) -> DispatchResult:
+    result = DispatchResult(accepted=False, reason=reason, detail=detail)
+    hooks.emit_rejected(type_name, lane, reason, detail)
+    return result
+
+
+def payload_digest(payload_json: str) -> str:
+    return hashlib.blake2b(payload_json.encode("utf-8"), digest_size=16).hexdigest()
+
+
+def admit(
+    task_type: str,
+    payload: Any,
+    *,
+    chat_id: str | None = None,
+    priority: int | None = None,
+    idempotency_key: str | None = None,
+    timeout: float | None = None,
+    metadata: dict | None = None,
+    _replace_idempotency: bool = False,
+) -> DispatchResult:
+    """Validate, admit and publish one task; see the module docstring."""
+    try:
+        snap = config.current()
+    except redis.RedisError as exc:
+        return DispatchResult(accepted=False, reason="unavailable", detail=f"Redis unreachable: {exc}")
+    task_id = str(uuid.uuid4())
+    for _ in range(3):
+        if not isinstance(task_type, str) or task_type not in snap.types:
+            return _rejected(str(task_type)[:100], "", "unknown_type", f"no task type named {task_type!r}")
+        tc = snap.types[task_type]
+        lane = snap.lanes.get(tc.lane)
+        try:
+            checked = check_dispatch(
+                type_name=tc.name, enabled=tc.enabled, chat_scoped=tc.chat_scoped,
+                max_payload_bytes=tc.max_payload_bytes, default_priority=tc.priority,
+                default_timeout_s=tc.timeout_s, payload=payload, priority=priority, timeout=timeout,
+                chat_id=chat_id, idempotency_key=idempotency_key, metadata=metadata,
+            )
+        except Invalid as exc:
+            return _rejected(tc.name, tc.lane, exc.reason, exc.detail)
+        chat = checked.chat_id if tc.chat_scoped else ""
+        now = time.time()
+        envelope = Envelope(
+            type=tc.name, lane=tc.lane, priority=checked.priority, attempt=1,
+            deadline=now + checked.timeout_s, dispatched_at=now, chat=chat,
+            key=checked.idempotency_key, meta=checked.metadata or None,
+        )
+        soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
+        message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit)
+        kombu_priority = to_kombu(checked.priority)
+        minute = int(now // 60)
+        record = keys.task_record(task_id, chat or None)
+        idem_key = keys.idempotency(tc.name, checked.idempotency_key) if checked.idempotency_key else record
+        chat_key = keys.chat_queue(chat) if chat else record
+        try:
+            reply = script("admit")(
+                keys=[
+                    keys.CONFIG_VERSION, record, keys.LEASES, idem_key, chat_key,
+                    keys.lane_chat_waiting(tc.lane), keys.lane_delayed(tc.lane), keys.METRICS_TOTAL,
+                    keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(tc.lane),
+                    keys.metrics_minute(minute - 1),
+                ],
+                args=[
+                    snap.version, int(now * 1000), task_id, message, kombu_priority,
+                    "1" if lane is None or lane.accepting else "0",
+                    lane.capacity if lane else 0, chat, tc.chat_queue_size,
+                    payload_digest(checked.payload_json) if checked.idempotency_key else "",
+                    tc.idempotency_window_s, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+                    tc.lane, tc.name, "1" if _replace_idempotency else "0",
+                ],
+            )
+        except redis.RedisError as exc:
+            logger.warning("dispatch_unavailable type=%s error=%s", tc.name, exc)
+            return DispatchResult(accepted=False, reason="unavailable", detail=f"Redis error: {exc}")
+        status = reply[0].decode()
+        if status == "stale":
+            snap = config.ensure(reply[1].decode())
+            continue
+        return _interpret(reply, status, task_id, tc, checked, now)
+    return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
+
+
+def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, checked, now: float) -> DispatchResult:
+    if status == "dup":
+        return DispatchResult(True, reply[1].decode(), tc.lane, checked.priority, duplicate=True)
+    if status == "conflict":
+        return _rejected(
+            tc.name, tc.lane, "idempotency_conflict",
+            f"idempotency key {checked.idempotency_key!r} was used by task {reply[1].decode()} with another payload",
+        )
+    if status == "rej":
+        reason = reply[1].decode()
+        detail = {
+            "lane_closed": f"lane '{tc.lane}' is not accepting tasks",
+            "lane_full": f"lane '{tc.lane}' holds {int(reply[2])} tasks, its capacity",
+            "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
+        }.get(reason, reason)
+        return _rejected(tc.name, tc.lane, reason, detail)
+    position, depth = int(reply[1]), int(reply[2])
+    this_minute, last_minute = int(reply[3]), int(reply[4])
+    elapsed = 60 + now % 60
+    rate = (this_minute + last_minute) / elapsed
+    waiting = depth + (position - 1 if tc.chat_scoped else 0)
+    estimated = round(waiting / rate, 3) if rate > 0 else None
+    result = DispatchResult(True, task_id, tc.lane, checked.priority, position, estimated_delay=estimated)
+    hooks.emit_queued(task_id, tc, checked.chat_id if tc.chat_scoped else "", now)
+    return result
+
+
+class DispatchTask(Task):
+    """``delay``/``apply_async`` run admission here, in the caller, instead of publishing."""
+
+    def delay(self, *args: Any, **kwargs: Any) -> DispatchResult:
+        return admit(*args, **kwargs)
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> DispatchResult:
+        return admit(*(args or ()), **(kwargs or {}))
+
+
+@app.task(base=DispatchTask, name="tasks.dispatch", typing=False)
+def dispatch(task_type: Any = None, payload: Any = None, **options: Any) -> dict[str, Any]:
+    """Run by an ``ingress`` worker for callers that send ``tasks.dispatch`` by name."""
+    allowed = {"chat_id", "priority", "idempotency_key", "timeout", "metadata"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        return DispatchResult(False, reason="invalid_payload", detail=f"unknown dispatch options: {unknown}").as_dict()
+    return admit(task_type, payload, **options).as_dict()

@@ -1,0 +1,39 @@
+"""What handlers raise to steer retries, and what the platform raises itself."""
+
+from __future__ import annotations
+
+
+class DispatchError(Exception):
+    """Root of the platform's exceptions."""
+
+
+class RetryableError(DispatchError):
+    """The attempt failed but may succeed later; ``retry_after_s`` asks for a least delay."""
+
+    def __init__(self, message: str = "retryable failure", retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class NonRetryableError(DispatchError):
+    """The attempt failed for good: the task becomes a dead letter without more attempts."""
+
+
+class AttemptTimeout(RetryableError):
+    """The attempt ran past its time limit (min of attempt_timeout and time left)."""
+
+
+class DeadLettered(DispatchError):
+    """Raised to Celery after a task became a dead letter, so Flower shows it as failed."""
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    @classmethod
+    def because(cls, reason: str, detail: str = "") -> DeadLettered:
+        return cls(f"dead letter ({reason}): {detail}" if detail else f"dead letter ({reason})", reason)
+
+
+class ConfigError(DispatchError):
+    """A configuration file or entry is invalid; the message names the bad entry."""

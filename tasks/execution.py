@@ -1,0 +1,277 @@
+"""What a worker does with one delivered task, around the handler.
+
+claim (start.lua) -> deadline check -> handler with a time limit -> one of:
+success (finish.lua hands the chat on), retry (retry.lua parks the next
+attempt in Redis), or dead letter (row, then finish.lua). Every step is one
+Redis call; the only SQL on the success path is Celery's result row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from billiard.exceptions import SoftTimeLimitExceeded
+from celery import Task
+from celery.exceptions import Ignore, Retry
+from django.conf import settings
+
+from lanes import keys
+from lanes.histogram import bucket_label
+from lanes.scripts import script
+from tasks import config, dead_letters, hooks, leases
+from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
+from tasks.messages import Envelope, build_message
+from tasks.retry import decide_retry
+from tasks.validation import encode_json
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a handler knows about the task it runs."""
+
+    task_id: str
+    type: str
+    lane: str
+    chat_id: str
+    attempt: int
+    deadline: float
+    attempt_deadline: float
+    idempotency_key: str
+    metadata: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)
+
+    @property
+    def remaining(self) -> float:
+        """Seconds left for this attempt (its limit, or the task's deadline if sooner)."""
+        return max(0.0, self.attempt_deadline - time.time())
+
+
+class HandlerTask(Task):
+    """Base of every registered handler: runs the platform's steps around it."""
+
+    typing = False
+    acks_late = True
+    handler_func = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return execute(self, args, kwargs)
+
+
+def _minute_keys(now: float) -> str:
+    return keys.metrics_minute(int(now // 60))
+
+
+def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> None:
+    env = raw if isinstance(raw, dict) else {}
+    dead_letters.record(
+        task_id=task.request.id or "unknown", task_type=str(env.get("type", task.name))[:100],
+        lane=str(env.get("lane", ""))[:64], reason="malformed", payload=payload if isinstance(payload, dict) else None,
+        message=f"malformed message: {detail}", attempts=0,
+    )
+    raise DeadLettered.because("malformed", detail)
+
+
+def execute(task: Task, args: tuple, kwargs: dict) -> Any:
+    payload, raw_env = kwargs.get("payload"), kwargs.get("dispatch")
+    if args or set(kwargs) - {"payload", "dispatch"}:
+        _malformed(task, "unexpected arguments", payload, raw_env)
+    try:
+        env = Envelope.from_dict(raw_env)
+    except (TypeError, ValueError) as exc:
+        _malformed(task, str(exc), payload, raw_env)
+    if not isinstance(payload, dict):
+        _malformed(task, "payload is not an object", payload, raw_env)
+    try:
+        return _Run(task, env, payload).run()
+    except _AlreadyDone as done:
+        return done.result
+
+
+class _Run:
+    def __init__(self, task: Task, env: Envelope, payload: dict) -> None:
+        self.task = task
+        self.env = env
+        self.payload = payload
+        self.task_id: str = task.request.id
+        self.record = keys.task_record(self.task_id, env.chat or None)
+        self.field = f"{env.lane}|{env.type}"
+        self.started_at = 0.0
+
+    # -- steps -------------------------------------------------------------
+    def run(self) -> Any:
+        env = self.env
+        now = time.time()
+        version = self._claim(now)
+        snap = config.ensure(version)
+        tc = snap.types.get(env.type)
+        if tc is None:
+            self._die("malformed", f"unknown task type '{env.type}'")
+        if tc.handler != self.task.name:
+            logger.info("handler_changed task=%s type=%s now=%s", self.task_id, env.type, tc.handler)
+        if now >= env.deadline:
+            self._die("expired", f"deadline passed {now - env.deadline:.3f}s before the attempt could start")
+        self.started_at = now
+        limit = min(tc.attempt_timeout_s, env.deadline - now)
+        ctx = Context(
+            task_id=self.task_id, type=env.type, lane=env.lane, chat_id=env.chat, attempt=env.attempt,
+            deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or self.task_id,
+            metadata=env.meta or {}, options=tc.options,
+        )
+        hooks.emit(hooks.task_started, self._info(now))
+        leases.hold(self.record)
+        try:
+            with _time_limit(limit, self.task.request):
+                result = self.task.handler_func(self.payload, ctx)
+            result_json = json.dumps(result)
+        except NonRetryableError as exc:
+            self._die("non_retryable", str(exc), exc)
+        except TypeError as exc:
+            if "not JSON serializable" in str(exc):
+                self._die("non_retryable", f"handler returned a value that is not JSON: {exc}", exc)
+            self._failed(tc, exc)
+        except SoftTimeLimitExceeded as exc:
+            self._failed(tc, AttemptTimeout(f"attempt ran past its {limit:.3f}s limit"), cause=exc)
+        except BaseException as exc:  # noqa: BLE001 - contain SystemExit/KeyboardInterrupt from handlers too
+            self._failed(tc, exc)
+        finally:
+            leases.release(self.record)
+        self._finish("done", result_json, "")
+        hooks.emit(hooks.task_finished, self._info(time.time(), outcome="succeeded"))
+        return result
+
+    def _claim(self, now: float) -> str:
+        env = self.env
+        dead_owner = ""
+        qlat = now - env.dispatched_at
+        for _ in range(2):
+            reply = script("start")(
+                keys=[self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
+                      keys.chat_queue(env.chat) if env.chat else self.record],
+                args=[self.task_id, env.attempt, leases.owner_id(), int(now * 1000),
+                      int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
+                      self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
+            )
+            status = reply[0].decode()
+            if status == "run":
+                return reply[2].decode()
+            if status == "busy" and leases.owner_is_dead_here(reply[1].decode()):
+                dead_owner = reply[1].decode()
+                continue
+            break
+        if status == "done":
+            logger.info("duplicate_delivery_of_finished task=%s", self.task_id)
+            raise _AlreadyDone(json.loads(reply[1]))
+        if status == "poison":
+            self._die("poison", f"delivered {int(reply[1]) - 1} times; its worker died each time before finishing")
+        logger.info("delivery_skipped task=%s status=%s", self.task_id, status)
+        raise Ignore()
+
+    def _failed(self, tc: config.TypeConf, exc: BaseException, cause: BaseException | None = None) -> None:
+        env = self.env
+        now = time.time()
+        retry_after = exc.retry_after_s if isinstance(exc, RetryableError) else None
+        decision = decide_retry(tc.policy, env.attempt, now, env.deadline, retry_after)
+        if not decision.retry:
+            detail = f"{type(exc).__name__}: {exc}"
+            self._die(decision.reason, detail, exc)
+        next_env = replace(env, attempt=env.attempt + 1)
+        soft_limit = min(tc.attempt_timeout_s, max(0.001, env.deadline - now))
+        message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
+        reply = script("retry")(
+            keys=[self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now)],
+            args=[next_env.attempt, message, int((now + decision.delay_s) * 1000),
+                  int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field],
+        )
+        if reply[0] != b"ok":
+            logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
+            raise Ignore()
+        logger.info("retry_scheduled task=%s attempt=%d delay=%.3fs error=%r",
+                    self.task_id, env.attempt, decision.delay_s, exc)
+        hooks.emit(hooks.task_finished, self._info(now, outcome="retrying", reason=type(exc).__name__,
+                                                   detail=str(exc)))
+        raise Retry(str(exc) or type(exc).__name__, exc=_portable(exc), when=decision.delay_s)
+
+    def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> None:
+        env = self.env
+        dead_letters.record(
+            task_id=self.task_id, task_type=env.type, lane=env.lane, reason=reason, payload=self.payload,
+            chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
+            attempts=env.attempt, dispatched_at=env.dispatched_at, exc=exc, message=detail,
+        )
+        self._finish("dead", "null", reason)
+        hooks.emit(hooks.task_finished, self._info(time.time(), outcome="dead", reason=reason, detail=detail))
+        raise DeadLettered.because(reason, detail)
+
+    def _finish(self, outcome: str, result_json: str, reason: str) -> None:
+        env = self.env
+        now = time.time()
+        xlat = now - self.started_at if self.started_at else None
+        script("finish")(
+            keys=[self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
+                  keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now)],
+            args=[self.task_id, outcome, result_json, int(now * 1000), _finished_record_ttl_s(),
+                  int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
+                  keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
+                  bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
+                  f"{xlat or 0:.6f}"],
+        )
+
+    def _info(self, now: float, **extra: Any) -> hooks.TaskInfo:
+        env = self.env
+        qlat = (self.started_at or now) - env.dispatched_at
+        xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
+        return hooks.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
+
+
+class _AlreadyDone(Exception):
+    def __init__(self, result: Any) -> None:
+        self.result = result
+
+
+def _finished_record_ttl_s() -> int:
+    return int(max(300, settings.DISPATCH_LEASE_S * 10))
+
+
+def _portable(exc: BaseException) -> BaseException:
+    """Celery stores the exception in the result backend: keep it JSON-friendly."""
+    if isinstance(exc, Exception) and type(exc).__module__ in {"builtins", "tasks.errors"}:
+        return exc
+    return RetryableError(f"{type(exc).__name__}: {exc}")
+
+
+class _time_limit:
+    """Stop the handler at ``limit_s`` when Celery's own soft limit would come later.
+
+    Celery sets the soft limit from the message (computed at publish); time spent
+    waiting in the queue shortens what is left before the deadline, so the main
+    thread of a prefork child arms SIGALRM for the rest. Thread pools cannot use
+    signals: there, handlers bound their I/O by ``ctx.remaining``.
+    """
+
+    def __init__(self, limit_s: float, request: Any) -> None:
+        soft = (getattr(request, "timelimit", None) or (None, None))[1]
+        self.arm = (threading.current_thread() is threading.main_thread()
+                    and (soft is None or limit_s < soft - 0.05))
+        self.limit_s = max(0.001, limit_s)
+
+    def __enter__(self) -> None:
+        if self.arm:
+            self.previous = signal.signal(signal.SIGALRM, _on_alarm)
+            signal.setitimer(signal.ITIMER_REAL, self.limit_s)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.arm:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise SoftTimeLimitExceeded("attempt time limit")

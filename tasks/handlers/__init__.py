@@ -1,0 +1,3 @@
+"""Built-in handlers; importing this module registers them."""
+
+from tasks.handlers import demo, http, sink  # noqa: F401

@@ -1,0 +1,50 @@
+"""``loadtest.sink``: simulated outbound I/O that records what it applied, for verification.
+
+The load test checks the record afterwards: every accepted message applied
+once, in dispatch order per chat. The record is keyed by run id and expires.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from lanes import keys
+from lanes.redis_client import get_redis
+from tasks.errors import RetryableError
+from tasks.registry import handler
+
+#: Seconds a run's record of applied messages is kept.
+RECORD_TTL_S = 3600
+
+
+def applied_key(run: str) -> str:
+    return f"{keys.PREFIX}sink:{run}:applied"
+
+
+def log_key(run: str) -> str:
+    return f"{keys.PREFIX}sink:{run}:log"
+
+
+@handler("loadtest.sink")
+def sink(payload: dict, ctx: Any) -> dict:
+    """Sleep ``latency_ms``, fail retryably at ``fail_rate``, else record (chat, seq, key) as applied."""
+    latency_ms = float(payload.get("latency_ms", 0) or 0)
+    if latency_ms > 0:
+        time.sleep(min(latency_ms, 10_000) / 1000)
+    if random.random() < float(payload.get("fail_rate", 0) or 0):
+        raise RetryableError("simulated outbound failure")
+    run = str(payload.get("run", "default"))
+    now_ms = int(time.time() * 1000)
+    drop_every = int(payload.get("drop_every", 0) or 0)
+    seq = int(payload.get("seq", 0))
+    if drop_every and seq % drop_every == drop_every - 1:
+        return {"applied": False}  # a deliberately broken sink, to prove the checker can fail
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.hincrby(applied_key(run), ctx.idempotency_key, 1)
+    pipe.rpush(log_key(run), f"{ctx.chat_id}\t{seq}\t{now_ms}\t{ctx.idempotency_key}")
+    pipe.expire(applied_key(run), RECORD_TTL_S)
+    pipe.expire(log_key(run), RECORD_TTL_S)
+    pipe.execute()
+    return {"applied": True}

@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+
+from lanes.models import Lane
+from tasks.config_io import apply_config
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "defaults" / "default_config.json"
+
+
+class Command(BaseCommand):
+    help = "Prepare a fresh install: migrate, create the admin user, apply the default config once."
+
+    def handle(self, *args, **opts):
+        import json
+
+        call_command("migrate", interactive=False, verbosity=0)
+        User = get_user_model()
+        user = User.objects.filter(username="admin").first()
+        if user is None:
+            User.objects.create_superuser("admin", "admin@localhost", settings.GENERATED["admin_password"])
+            self.stdout.write("created admin user 'admin'")
+        if not Lane.objects.exists():
+            apply_config(json.loads(DEFAULT_CONFIG.read_text()))
+            self.stdout.write(f"applied the default config from {DEFAULT_CONFIG.name}")
+        call_command("collectstatic", interactive=False, verbosity=0)

@@ -1,0 +1,150 @@
+from __future__ import annotations
+
+import re
+
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from tasks import registry
+from tasks.retry import MAX_TIMEOUT_S
+
+TYPE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+
+
+def validate_type_name(value: str) -> None:
+    if not TYPE_NAME_RE.match(value or ""):
+        raise ValidationError("Type name must be 1-100 letters, digits, '_', '.', ':' or '-'.")
+
+
+class RetryPolicy(models.Model):
+    """How failed attempts are retried: delay = min(max, initial * multiplier^n) +/- jitter."""
+
+    name = models.CharField("name", max_length=64, unique=True)
+    max_retries = models.PositiveIntegerField("max retries", default=5, help_text="Retries after the first attempt.")
+    initial_backoff = models.FloatField("initial backoff (s)", default=1.0)
+    multiplier = models.FloatField("multiplier", default=2.0)
+    max_backoff = models.FloatField("max backoff (s)", default=60.0)
+    jitter = models.FloatField("jitter", default=0.2, help_text="Fraction of the delay, 0..1, added or removed at random.")
+
+    class Meta:
+        ordering = ["name"]
+        verbose_name_plural = "retry policies"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors = {}
+        if self.max_retries is not None and self.max_retries > 100:
+            errors["max_retries"] = "At most 100 retries."
+        if self.initial_backoff is not None and not 0 <= self.initial_backoff <= 86400:
+            errors["initial_backoff"] = "Initial backoff must be between 0 and 86400 seconds."
+        if self.multiplier is not None and not 1 <= self.multiplier <= 100:
+            errors["multiplier"] = "Multiplier must be between 1 and 100."
+        if self.max_backoff is not None and not 0 <= self.max_backoff <= 86400:
+            errors["max_backoff"] = "Max backoff must be between 0 and 86400 seconds."
+        if (self.max_backoff is not None and self.initial_backoff is not None
+                and self.max_backoff < self.initial_backoff):
+            errors["max_backoff"] = "Max backoff must not be below the initial backoff."
+        if self.jitter is not None and not 0 <= self.jitter <= 1:
+            errors["jitter"] = "Jitter must be between 0 and 1."
+        if errors:
+            raise ValidationError(errors)
+
+
+class TaskType(models.Model):
+    """What callers dispatch by name: which handler runs it, in which lane, how it retries."""
+
+    name = models.CharField("name", max_length=100, unique=True, validators=[validate_type_name])
+    handler = models.CharField(
+        "handler", max_length=100, choices=registry.handler_choices,
+        help_text="A registered handler; the list comes from the code, never a typed import path.",
+    )
+    lane = models.ForeignKey("lanes.Lane", on_delete=models.PROTECT, related_name="task_types")
+    priority = models.PositiveSmallIntegerField("default priority", default=5, help_text="0..9, higher runs first.")
+    retry_policy = models.ForeignKey(RetryPolicy, on_delete=models.PROTECT, related_name="task_types")
+    timeout = models.FloatField("timeout (s)", default=300, help_text="Whole life from dispatch to completion.")
+    attempt_timeout = models.FloatField("attempt timeout (s)", default=30, help_text="Time limit of one attempt.")
+    chat_scoped = models.BooleanField(
+        "chat scoped", default=False, help_text="Messages of one chat run one at a time, in dispatch order."
+    )
+    chat_queue_size = models.PositiveIntegerField("chat queue size", default=64, help_text="Most messages queued per chat.")
+    max_payload_bytes = models.PositiveIntegerField("max payload bytes", default=65536)
+    idempotency_window = models.PositiveIntegerField(
+        "idempotency window (s)", default=86400, help_text="How long a dispatch's idempotency key is remembered."
+    )
+    enabled = models.BooleanField("enabled", default=True)
+    options = models.JSONField("options", default=dict, blank=True, help_text="Handler settings, checked by the handler.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.handler and self.handler not in registry.handler_names():
+            errors["handler"] = f"Unknown handler '{self.handler}'; choose one of: {', '.join(registry.handler_names())}."
+        if self.priority is not None and not 0 <= self.priority <= 9:
+            errors["priority"] = "Priority must be between 0 and 9."
+        if self.timeout is not None and not 0 < self.timeout <= MAX_TIMEOUT_S:
+            errors["timeout"] = f"Timeout must be above 0 and at most {MAX_TIMEOUT_S:.0f} seconds."
+        if self.attempt_timeout is not None and not 0 < self.attempt_timeout <= MAX_TIMEOUT_S:
+            errors["attempt_timeout"] = f"Attempt timeout must be above 0 and at most {MAX_TIMEOUT_S:.0f} seconds."
+        if self.chat_queue_size is not None and not 1 <= self.chat_queue_size <= 100000:
+            errors["chat_queue_size"] = "Chat queue size must be between 1 and 100000."
+        if self.max_payload_bytes is not None and not 2 <= self.max_payload_bytes <= 8 * 1024 * 1024:
+            errors["max_payload_bytes"] = "Max payload bytes must be between 2 and 8388608."
+        if not isinstance(self.options, dict):
+            errors["options"] = "Options must be a JSON object."
+        elif self.handler in registry.handler_names():
+            try:
+                registry.validate_options(self.handler, self.options)
+            except ValueError as exc:
+                errors["options"] = str(exc)
+        if errors:
+            raise ValidationError(errors)
+
+
+class DeadLetterQuerySet(models.QuerySet):
+    def pending(self) -> DeadLetterQuerySet:
+        return self.filter(status=DeadLetter.Status.DEAD)
+
+
+class DeadLetter(models.Model):
+    """A task that will not run again by itself: exhausted, expired, refused or poison."""
+
+    class Status(models.TextChoices):
+        DEAD = "dead", "dead"
+        REQUEUED = "requeued", "requeued"
+        DISCARDED = "discarded", "discarded"
+
+    task_id = models.CharField("task id", max_length=64, unique=True)
+    task_type = models.CharField("type", max_length=100, db_index=True)
+    lane = models.CharField("lane", max_length=64, db_index=True)
+    chat_id = models.CharField("chat id", max_length=128, blank=True, db_index=True)
+    payload = models.JSONField("payload", null=True)
+    idempotency_key = models.CharField("idempotency key", max_length=200, blank=True, db_index=True)
+    metadata = models.JSONField("metadata", default=dict, blank=True)
+    priority = models.PositiveSmallIntegerField("priority", default=5)
+    reason = models.CharField("reason", max_length=32, db_index=True)
+    error_class = models.CharField("error class", max_length=200, blank=True)
+    error_message = models.TextField("error message", blank=True)
+    traceback = models.TextField("traceback", blank=True)
+    attempts = models.PositiveIntegerField("attempts", default=0)
+    dispatched_at = models.DateTimeField("first dispatched", null=True)
+    died_at = models.DateTimeField("died", auto_now_add=True, db_index=True)
+    status = models.CharField("status", max_length=16, choices=Status.choices, default=Status.DEAD, db_index=True)
+    requeued_task_id = models.CharField("requeued as", max_length=64, blank=True)
+    resolved_at = models.DateTimeField("resolved", null=True, blank=True)
+    resolved_by = models.CharField("resolved by", max_length=150, blank=True)
+
+    objects = DeadLetterQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-died_at"]
+        permissions = [("requeue_deadletter", "Can requeue or discard dead letters")]
+
+    def __str__(self) -> str:
+        return f"{self.task_type} {self.task_id} ({self.reason})"

@@ -1,0 +1,112 @@
+"""Checks of one dispatch call against its task type: pure, returns a reason or None."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.retry import MAX_TIMEOUT_S
+
+MAX_CHAT_ID_LEN = 128
+MAX_IDEMPOTENCY_KEY_LEN = 200
+MAX_METADATA_BYTES = 4096
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A dispatch that passed validation, with its payload already encoded."""
+
+    payload_json: str
+    priority: int
+    timeout_s: float
+    chat_id: str
+    idempotency_key: str
+    metadata: dict
+
+
+class Invalid(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def is_clean_text(value: Any, max_len: int) -> bool:
+    """A non-empty str of printable characters (no NUL, controls or lone surrogates)."""
+    return isinstance(value, str) and 0 < len(value) <= max_len and value.isprintable()
+
+
+def encode_json(value: Any) -> str:
+    """Compact JSON that is valid UTF-8; raises ValueError on anything else."""
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    text.encode("utf-8")  # lone surrogates (bad UTF-8 smuggled in) raise here
+    return text
+
+
+def check_dispatch(
+    *,
+    type_name: str,
+    enabled: bool,
+    chat_scoped: bool,
+    max_payload_bytes: int,
+    default_priority: int,
+    default_timeout_s: float,
+    payload: Any,
+    priority: Any,
+    timeout: Any,
+    chat_id: Any,
+    idempotency_key: Any,
+    metadata: Any,
+) -> Checked:
+    """Validate one dispatch; raise ``Invalid(reason, detail)`` naming what is wrong."""
+    if not enabled:
+        raise Invalid("type_disabled", f"task type '{type_name}' is disabled")
+    if not isinstance(payload, dict):
+        raise Invalid("invalid_payload", f"payload must be a JSON object, not {type(payload).__name__}")
+    try:
+        payload_json = encode_json(payload)
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise Invalid("invalid_payload", f"payload is not valid JSON: {exc}") from None
+    size = len(payload_json.encode("utf-8"))
+    if size > max_payload_bytes:
+        raise Invalid("payload_too_large", f"payload is {size} bytes; '{type_name}' allows {max_payload_bytes}")
+
+    if priority is None:
+        priority = default_priority
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise Invalid("invalid_priority", f"priority must be an integer 0..9, not {priority!r}")
+
+    if timeout is None:
+        timeout = default_timeout_s
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
+            or not 0 < timeout <= MAX_TIMEOUT_S):
+        raise Invalid("invalid_timeout", f"timeout must be seconds in (0, {MAX_TIMEOUT_S:.0f}], not {timeout!r}")
+
+    if chat_id is None:
+        if chat_scoped:
+            raise Invalid("invalid_chat_id", f"task type '{type_name}' is chat-scoped: a chat_id is required")
+        chat_id = ""
+    elif not is_clean_text(chat_id, MAX_CHAT_ID_LEN):
+        raise Invalid("invalid_chat_id", f"chat_id must be 1..{MAX_CHAT_ID_LEN} printable characters")
+
+    if idempotency_key is None:
+        idempotency_key = ""
+    elif not is_clean_text(idempotency_key, MAX_IDEMPOTENCY_KEY_LEN):
+        raise Invalid(
+            "invalid_idempotency_key", f"idempotency_key must be 1..{MAX_IDEMPOTENCY_KEY_LEN} printable characters"
+        )
+
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        raise Invalid("invalid_metadata", "metadata must be a JSON object")
+    try:
+        meta_size = len(encode_json(metadata).encode("utf-8"))
+    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+        raise Invalid("invalid_metadata", f"metadata is not valid JSON: {exc}") from None
+    if meta_size > MAX_METADATA_BYTES:
+        raise Invalid("invalid_metadata", f"metadata is {meta_size} bytes; at most {MAX_METADATA_BYTES}")
+
+    return Checked(payload_json, priority, float(timeout), chat_id, idempotency_key, metadata)
