@@ -88,12 +88,12 @@ def admit(
     except redis.RedisError as exc:
         return DispatchResult(accepted=False, reason="unavailable", detail=f"Redis unreachable: {exc}")
     task_id = str(uuid.uuid4())
-    for _ in range(3):
-        if not isinstance(task_type, str) or task_type not in snap.types:
-            return _rejected(str(task_type)[:100], "", "unknown_type", f"no task type named {task_type!r}")
-        tc = snap.types[task_type]
-        lane = snap.lanes.get(tc.lane)
+    confirmed = False
+    for _ in range(4):
+        tc = snap.types.get(task_type) if isinstance(task_type, str) else None
         try:
+            if tc is None:
+                raise Invalid("unknown_type", f"no task type named {task_type!r}")
             checked = check_dispatch(
                 type_name=tc.name, enabled=tc.enabled, chat_scoped=tc.chat_scoped,
                 max_payload_bytes=tc.max_payload_bytes, default_priority=tc.priority,
@@ -101,7 +101,19 @@ def admit(
                 chat_id=chat_id, idempotency_key=idempotency_key, metadata=metadata,
             )
         except Invalid as exc:
-            return _rejected(tc.name, tc.lane, exc.reason, exc.detail)
+            # A rejection may come from a cached config older than a fresh admin
+            # save: confirm the version (one GET, on the rejection path only).
+            if not confirmed:
+                confirmed = True
+                try:
+                    fresh = config.refresh_if_changed()
+                except redis.RedisError:
+                    fresh = snap
+                if fresh.version != snap.version:
+                    snap = fresh
+                    continue
+            return _rejected(tc.name if tc else str(task_type)[:100], tc.lane if tc else "", exc.reason, exc.detail)
+        lane = snap.lanes.get(tc.lane)
         chat = checked.chat_id if tc.chat_scoped else ""
         now = time.time()
         envelope = Envelope(

@@ -1,0 +1,123 @@
+"""Test session: a real redis-server on a free port and a fresh SQLite file, set up
+before Django loads settings, so tests and the worker processes they start share them.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+ARTIFACTS = ROOT / "test-artifacts"
+
+_state: dict = {}
+
+
+def pytest_configure(config):
+    from tests.support.redis_server import RedisServer
+
+    tmp = Path(tempfile.mkdtemp(prefix="dispatch-tests-"))
+    _state["tmp"] = tmp
+    server = RedisServer(tmp / "redis", secrets.token_urlsafe(12)).start()
+    _state["redis"] = server
+    os.environ.update({
+        "DJANGO_SETTINGS_MODULE": "dispatchsite.settings",
+        "REDIS_URL": server.url,
+        "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
+        "DISPATCH_SECRETS_FILE": str(tmp / "secrets.json"),
+        "DISPATCH_LEASE_S": os.environ.get("DISPATCH_LEASE_S", "6"),
+        "DISPATCH_QUEUED_LEASE_S": os.environ.get("DISPATCH_QUEUED_LEASE_S", "120"),
+        "CELERY_WORKER_SEND_TASK_EVENTS": "false",
+        "ALLOWED_HOSTS": "127.0.0.1,localhost,testserver",
+    })
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+
+
+def pytest_unconfigure(config):
+    server = _state.get("redis")
+    if server:
+        server.stop()
+    tmp = _state.get("tmp")
+    if tmp and not os.environ.get("KEEP_TEST_TMP"):
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    return _state["redis"]
+
+
+@pytest.fixture
+def rc(redis_server):
+    return redis_server.client()
+
+
+@pytest.fixture(scope="session")
+def tmp_root() -> Path:
+    return _state["tmp"]
+
+
+@pytest.fixture
+def start_worker(tmp_root):
+    """Start real Celery workers; all are stopped when the test ends."""
+    from tests.support.workers import Worker
+
+    started = []
+
+    def start(queues: str, **kwargs):
+        worker = Worker(queues, tmp_root / "logs", **kwargs).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop(timeout=20)
+        log = worker.log_path
+        if log.exists():
+            ARTIFACTS.mkdir(exist_ok=True)
+            shutil.copy(log, ARTIFACTS / log.name)
+
+
+@pytest.fixture
+def sink():
+    from tests.support.http_sink import SinkServer
+
+    with SinkServer() as server:
+        yield server
+
+
+TEST_LANES = "t-default,t-realtime,t-http,t-other"
+
+
+@pytest.fixture(scope="module")
+def lane_worker(tmp_root):
+    """One prefork worker serving the common test lanes for a whole module."""
+    from tests.support.workers import Worker
+
+    worker = Worker(TEST_LANES, tmp_root / "logs", concurrency=2).start()
+    yield worker
+    worker.stop(timeout=20)
+
+
+@pytest.fixture
+def admin_client():
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    User = get_user_model()
+    user = User.objects.filter(username="root").first() or User.objects.create_superuser("root", "r@x", "pw-root-123")
+    client = Client()
+    client.force_login(user)
+    return client

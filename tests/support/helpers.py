@@ -1,0 +1,53 @@
+"""Small helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def define(
+    type_name: str,
+    *,
+    handler: str = "demo.echo",
+    lane: str = "t-default",
+    policy: dict | None = None,
+    capacity: int = 100000,
+    **fields: Any,
+):
+    """Create (or update) a lane, a retry policy and a task type through the ORM."""
+    from lanes.models import Lane
+    from tasks.models import RetryPolicy, TaskType
+
+    lane_obj, _ = Lane.objects.update_or_create(name=lane, defaults={"capacity": capacity, "accepting": True})
+    policy = {"max_retries": 3, "initial_backoff": 0.1, "multiplier": 2.0, "max_backoff": 1.0, "jitter": 0.1,
+              **(policy or {})}
+    policy_obj, _ = RetryPolicy.objects.update_or_create(name=f"p-{type_name}", defaults=policy)
+    defaults = {"handler": handler, "lane": lane_obj, "retry_policy": policy_obj, "timeout": 60,
+                "attempt_timeout": 10, **fields}
+    tt, _ = TaskType.objects.update_or_create(name=type_name, defaults=defaults)
+    tt.full_clean()
+    return tt
+
+
+def lane_depth(client, lane: str) -> int:
+    from lanes import keys
+
+    return sum(client.llen(k) for k in keys.lane_queues(lane))

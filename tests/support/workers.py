@@ -1,0 +1,94 @@
+"""Real Celery worker processes for tests, each in its own process group."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CELERY = str(Path(sys.executable).parent / "celery")
+
+
+class Worker:
+    def __init__(self, queues: str, log_dir: Path, pool: str = "prefork", concurrency: int = 2,
+                 env: dict[str, str] | None = None, name: str | None = None, extra: list[str] | None = None) -> None:
+        self.queues = queues
+        self.name = name or f"w{uuid.uuid4().hex[:6]}"
+        self.log_path = log_dir / f"worker-{self.name}.log"
+        self.pool = pool
+        self.concurrency = concurrency
+        self.env = {**os.environ, **(env or {})}
+        self.extra = extra or []
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 60) -> Worker:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [CELERY, "-A", "dispatchsite", "worker", "-Q", self.queues, "-n", f"{self.name}@%h", "-P", self.pool,
+             "-c", str(self.concurrency), "-l", "INFO", "--without-gossip", "--without-mingle", *self.extra],
+            cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited at start; log: {self.log_path}")
+            with open(self.log_path, "rb") as fh:
+                fh.seek(offset)
+                if b" ready." in fh.read():
+                    return self
+            time.sleep(0.1)
+        raise RuntimeError(f"worker {self.name} not ready within {timeout}s; log: {self.log_path}")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def children(self) -> list[int]:
+        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(self.pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split()]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30) -> None:
+        """Warm shutdown (SIGTERM), then kill the group if it lingers."""
+        if not self.proc:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._reap_group()
+        self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the main process and its pool children (its process group)."""
+        if not self.proc:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=10)
+
+    def _reap_group(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import pytest
+
+from lanes.priorities import from_kombu, to_kombu
+from tasks.reasons import REJECTION_REASONS
+from tasks.validation import Invalid, check_dispatch
+
+BASE = dict(type_name="t", enabled=True, chat_scoped=False, max_payload_bytes=100, default_priority=5,
+            default_timeout_s=60.0, payload={"a": 1}, priority=None, timeout=None, chat_id=None,
+            idempotency_key=None, metadata=None)
+
+
+def reason_of(**overrides) -> str:
+    with pytest.raises(Invalid) as err:
+        check_dispatch(**{**BASE, **overrides})
+    assert err.value.reason in REJECTION_REASONS
+    assert err.value.detail
+    return err.value.reason
+
+
+def test_valid_dispatch_fills_defaults():
+    checked = check_dispatch(**BASE)
+    assert checked.priority == 5 and checked.timeout_s == 60.0 and checked.chat_id == ""
+    assert checked.payload_json == '{"a":1}'
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    ({"enabled": False}, "type_disabled"),
+    ({"payload": [1, 2]}, "invalid_payload"),
+    ({"payload": "text"}, "invalid_payload"),
+    ({"payload": None}, "invalid_payload"),
+    ({"payload": {"x": float("nan")}}, "invalid_payload"),
+    ({"payload": {"x": object()}}, "invalid_payload"),
+    ({"payload": {"x": "\udcff bad utf-8"}}, "invalid_payload"),
+    ({"payload": {"x": "y" * 200}}, "payload_too_large"),
+    ({"priority": 10}, "invalid_priority"),
+    ({"priority": -1}, "invalid_priority"),
+    ({"priority": "5"}, "invalid_priority"),
+    ({"priority": True}, "invalid_priority"),
+    ({"priority": 2.5}, "invalid_priority"),
+    ({"timeout": 0}, "invalid_timeout"),
+    ({"timeout": -3}, "invalid_timeout"),
+    ({"timeout": float("inf")}, "invalid_timeout"),
+    ({"timeout": 10**9}, "invalid_timeout"),
+    ({"timeout": "60"}, "invalid_timeout"),
+    ({"chat_scoped": True}, "invalid_chat_id"),
+    ({"chat_id": ""}, "invalid_chat_id"),
+    ({"chat_id": "x" * 129}, "invalid_chat_id"),
+    ({"chat_id": "a\x00b"}, "invalid_chat_id"),
+    ({"chat_id": "line\nbreak"}, "invalid_chat_id"),
+    ({"chat_id": 42}, "invalid_chat_id"),
+    ({"idempotency_key": ""}, "invalid_idempotency_key"),
+    ({"idempotency_key": "k\x00"}, "invalid_idempotency_key"),
+    ({"metadata": [1]}, "invalid_metadata"),
+    ({"metadata": {"big": "z" * 5000}}, "invalid_metadata"),
+])
+def test_each_bad_input_has_its_reason(overrides, reason):
+    assert reason_of(**overrides) == reason
+
+
+def test_unicode_payload_is_measured_in_bytes():
+    # 40 characters, but 120 bytes of UTF-8 (plus the JSON around them) > 100.
+    with pytest.raises(Invalid) as err:
+        check_dispatch(**{**BASE, "payload": {"x": "€" * 40}})
+    assert err.value.reason == "payload_too_large"
+
+
+def test_priority_mapping_puts_urgent_first_in_kombu_order():
+    assert to_kombu(9) == 0 and to_kombu(0) == 9
+    assert [from_kombu(to_kombu(p)) for p in range(10)] == list(range(10))
+    # kombu pops lower numbers first: higher API priority must map lower.
+    assert sorted(range(10), key=to_kombu) == list(range(9, -1, -1))
+    with pytest.raises(ValueError):
+        to_kombu(10)
