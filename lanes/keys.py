@@ -16,6 +16,7 @@ LEASES = PREFIX + "leases"
 METRICS_TOTAL = PREFIX + "m:total"
 REJECTIONS_RECENT = PREFIX + "m:rejections"
 LANE_CONTROL_LOG = PREFIX + "lane-log"
+CHAT_AUDIT_CURSOR = PREFIX + "chat-audit-cursor"
 
 
 def chat_tag(chat_id: str) -> str:
@@ -67,3 +68,23 @@ def metrics_minute(minute: int) -> str:
 def chat_index() -> str:
     """Sorted set of chats with a backlog, scored by backlog length (dashboard)."""
     return PREFIX + "chats"
+
+
+# --- operator's view (metrics read on demand, lane controls) -------------------
+
+#: Set of lanes whose consumption is paused (workers skip them, also at start).
+PAUSED_LANES = PREFIX + "lanes:paused"
+#: Set of lanes being drained (closed, waiting to empty); shown on the dashboard.
+DRAINING_LANES = PREFIX + "lanes:draining"
+#: Short lock so that one process at a time records a depth/throughput sample.
+SAMPLE_LOCK = PREFIX + "m:sample-lock"
+
+
+def paused_workers(lane: str) -> str:
+    """Workers that stopped consuming ``lane`` on pause, so resume restarts exactly them."""
+    return f"{PREFIX}lanes:paused:{lane}:workers"
+
+
+def metrics_samples(lane: str) -> str:
+    """Sorted set of (time, waiting, completed-total) samples of a lane, for the dashboard charts."""
+    return f"{PREFIX}m:samples:{lane}"

@@ -89,10 +89,7 @@ def execute(task: Task, args: tuple, kwargs: dict) -> Any:
         _malformed(task, str(exc), payload, raw_env)
     if not isinstance(payload, dict):
         _malformed(task, "payload is not an object", payload, raw_env)
-    try:
-        return _Run(task, env, payload).run()
-    except _AlreadyDone as done:
-        return done.result
+    return _Run(task, env, payload).run()
 
 
 class _Run:
@@ -166,9 +163,6 @@ class _Run:
                 dead_owner = reply[1].decode()
                 continue
             break
-        if status == "done":
-            logger.info("duplicate_delivery_of_finished task=%s", self.task_id)
-            raise _AlreadyDone(json.loads(reply[1]))
         if status == "poison":
             self._die("poison", f"delivered {int(reply[1]) - 1} times; its worker died each time before finishing")
         logger.info("delivery_skipped task=%s status=%s", self.task_id, status)
@@ -217,7 +211,7 @@ class _Run:
         script("finish")(
             keys=[self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
                   keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now)],
-            args=[self.task_id, outcome, result_json, int(now * 1000), _finished_record_ttl_s(),
+            args=[self.task_id, outcome, result_json, int(now * 1000), 0,
                   int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
                   keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
                   bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
@@ -229,15 +223,6 @@ class _Run:
         qlat = (self.started_at or now) - env.dispatched_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
         return hooks.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
-
-
-class _AlreadyDone(Exception):
-    def __init__(self, result: Any) -> None:
-        self.result = result
-
-
-def _finished_record_ttl_s() -> int:
-    return int(max(300, settings.DISPATCH_LEASE_S * 10))
 
 
 def _portable(exc: BaseException) -> BaseException:

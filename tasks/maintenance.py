@@ -46,9 +46,21 @@ def sweep() -> tuple[int, int]:
     return int(republished), int(forgotten)
 
 
+def audit_chats(batch: int = 200) -> list[int]:
+    """Check a batch of active chats for a head that cannot move; see audit.lua."""
+    result = [int(n) for n in script("audit")(
+        keys=[keys.chat_index(), keys.LEASES, keys.CHAT_AUDIT_CURSOR],
+        args=[int(time.time() * 1000), batch, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+              keys.PREFIX + "chat:", keys.lane_chat_waiting("")],
+    )]
+    if any(result[1:]):
+        logger.warning("chat_audit_repaired checked=%d handed_over=%d republished=%d dropped=%d", *result)
+    return result
+
+
 @app.task(name="tasks.maintenance", ignore_result=True)
 def maintenance() -> dict:
-    return {"promoted": promote_due(), "swept": sweep()}
+    return {"promoted": promote_due(), "swept": sweep(), "audited": audit_chats()}
 
 
 @app.task(name="tasks.purge_dead_letters", ignore_result=True)
@@ -83,6 +95,7 @@ class MaintenanceStep(bootsteps.StartStopStep):
                 promote_due()
                 if time.monotonic() >= next_sweep:
                     sweep()
+                    audit_chats()
                     next_sweep = time.monotonic() + sweep_every
             except Exception:  # noqa: BLE001 - keep the thread alive through Redis or DB hiccups
                 logger.warning("maintenance_failed", exc_info=True)

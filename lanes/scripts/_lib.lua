@@ -32,3 +32,23 @@ local function observe(total_key, minute_key, name, suffix, bucket, seconds)
   count_to(total_key, minute_key, name .. '|' .. suffix .. '|' .. bucket)
   redis.call('HINCRBYFLOAT', total_key, name .. '_sum|' .. suffix, seconds)
 end
+
+-- Hand a chat on after its head reached a terminal state: pop the head, and
+-- publish the next message if there is one. Returns the next task id or ''.
+local function hand_over(chat_queue, chat_id, record_prefix, chats_index, leases_key, lease_until,
+                         chat_waiting_prefix)
+  redis.call('LPOP', chat_queue)
+  if tonumber(redis.call('ZINCRBY', chats_index, -1, chat_id)) <= 0 then
+    redis.call('ZREM', chats_index, chat_id)
+  end
+  local next_id = redis.call('LINDEX', chat_queue, 0)
+  if not next_id then return '' end
+  local next_record = record_prefix .. next_id
+  local next_lane = redis.call('HGET', next_record, 'lane')
+  publish_record(next_record, leases_key, lease_until)
+  if next_lane then
+    local waiting = chat_waiting_prefix .. next_lane
+    if tonumber(redis.call('DECR', waiting)) <= 0 then redis.call('DEL', waiting) end
+  end
+  return next_id
+end

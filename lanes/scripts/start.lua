@@ -6,14 +6,12 @@
 --   4 now ms, 5 lease ms, 6 max deliveries, 7 owner known dead ('' if none),
 --   8 metric field suffix ('lane|type'), 9 queue-latency bucket label or '',
 --   10 queue latency in seconds
--- Returns {'run', deliveries, config_version} | {'gone'} | {'done', result}
---   | {'dead'} | {'stale'} | {'busy', owner} | {'nothead'} | {'poison', deliveries}
+-- Returns {'run', deliveries, config_version} | {'gone'} (finished, or never
+--   accepted) | {'stale'} | {'busy', owner} | {'nothead'} | {'poison', deliveries}
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat', 'res')
+local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat')
 local st = f[1]
 if not st then return {'gone'} end
-if st == 'done' then return {'done', f[5] or 'null'} end
-if st == 'dead' then return {'dead'} end
 if tonumber(ARGV[2]) < tonumber(f[2]) then return {'stale'} end
 local now = tonumber(ARGV[4])
 if st == 'running' and f[3] ~= ARGV[3] and f[3] ~= ARGV[7] then

@@ -8,7 +8,7 @@ import os
 import threading
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import urllib3
 from django.conf import settings
@@ -36,6 +36,11 @@ def check_url(url: Any) -> str:
             "(setting DISPATCH_WEBHOOK_ALLOWED_HOSTS)"
         )
     return url
+
+
+def header_value(text: str) -> str:
+    """HTTP header values are ASCII: send other text percent-encoded as UTF-8 (RFC 3986)."""
+    return text if text.isascii() else quote(text, safe="")
 
 
 def validate_options(options: dict) -> None:
@@ -80,10 +85,10 @@ def post(payload: dict, ctx: Any) -> dict:
     headers = {
         **ctx.options.get("headers", {}),
         "Content-Type": "application/json",
-        "Idempotency-Key": ctx.idempotency_key,
+        "Idempotency-Key": header_value(ctx.idempotency_key),
         "X-Dispatch-Task-Id": ctx.task_id,
         "X-Dispatch-Type": ctx.type,
-        "X-Dispatch-Chat-Id": ctx.chat_id,
+        "X-Dispatch-Chat-Id": header_value(ctx.chat_id),
         "X-Dispatch-Attempt": str(ctx.attempt),
     }
     timeout = max(0.05, ctx.remaining)

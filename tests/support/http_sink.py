@@ -14,6 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import unquote
 
 
 @dataclass
@@ -49,8 +50,8 @@ class Sink:
     seen_keys: dict[str, int] = field(default_factory=dict)
 
     def handle(self, headers: dict, body: dict) -> tuple[int, dict]:
-        key = headers.get("Idempotency-Key", "")
-        chat = headers.get("X-Dispatch-Chat-Id", "")
+        key = unquote(headers.get("Idempotency-Key", ""))
+        chat = unquote(headers.get("X-Dispatch-Chat-Id", ""))
         b = self.behaviour
         with self.lock:
             n = self.seen_keys[key] = self.seen_keys.get(key, 0) + 1

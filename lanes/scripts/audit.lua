@@ -1,0 +1,41 @@
+-- audit.lua: repair chats whose head can no longer move (self-healing backstop).
+--
+-- KEYS[1] active chats index (zset)   KEYS[2] leases   KEYS[3] audit cursor
+-- ARGV: 1 now ms, 2 chats per call, 3 queued lease ms, 4 chat key prefix
+--   ('dispatch:chat:'), 5 chat-waiting key prefix
+-- Returns {chats_checked, heads_handed_over, heads_republished, index_entries_dropped}
+--
+-- Normal operation never needs this: admit, finish and the lease sweep keep
+-- every head moving. It covers what they cannot see: a head record that
+-- vanished (a script aborted midway, or data lost to an fsync window) and a
+-- head without a lease. It walks the index with ZSCAN, a batch per call.
+
+local cursor = redis.call('GET', KEYS[3]) or '0'
+local scan = redis.call('ZSCAN', KEYS[1], cursor, 'COUNT', tonumber(ARGV[2]))
+redis.call('SET', KEYS[3], scan[1])
+local now = tonumber(ARGV[1])
+local lease_until = now + tonumber(ARGV[3])
+local checked, handed, republished, dropped = 0, 0, 0, 0
+local entries = scan[2]
+for i = 1, #entries, 2 do
+  local chat_id = entries[i]
+  local base = ARGV[4] .. '{' .. chat_id .. '}:'
+  local queue = base .. 'q'
+  checked = checked + 1
+  local head = redis.call('LINDEX', queue, 0)
+  if not head then
+    redis.call('ZREM', KEYS[1], chat_id)
+    dropped = dropped + 1
+  else
+    local record = base .. 't:' .. head
+    local st = redis.call('HGET', record, 'st')
+    if not st then
+      hand_over(queue, chat_id, base .. 't:', KEYS[1], KEYS[2], lease_until, ARGV[5])
+      handed = handed + 1
+    elseif not redis.call('ZSCORE', KEYS[2], record) then
+      publish_record(record, KEYS[2], lease_until)
+      republished = republished + 1
+    end
+  end
+end
+return {checked, handed, republished, dropped}
