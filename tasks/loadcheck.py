@@ -25,6 +25,7 @@ class Sent:
     reason: str | None = None
     scheduled_ms: float = 0.0  # when the open-loop schedule wanted it sent (epoch ms)
     done_ms: float = 0.0  # when dispatch returned (epoch ms)
+    started_ms: float = 0.0  # when the dispatch call began (epoch ms)
 
 
 @dataclass(frozen=True)

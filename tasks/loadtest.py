@@ -186,6 +186,7 @@ class LoadTest:
             payload_base["drop_every"] = o.drop_every
 
         before_stats = self._commandstats()
+        self.own_commands, self.own_round_trips = 1, 0  # the INFO above shows up in the next snapshot
         before_probe = probe.read_dir(o.probe_dir) if o.probe_dir else {}
         before_local = probe.snapshot()
         before_rows = _result_rows()
@@ -213,8 +214,10 @@ class LoadTest:
         step.accepted_per_s = round(len(accepted) / max(1e-9, end - start), 1)
         step.rejections = dict(Counter(s.reason or "?" for s in sent if not s.accepted))
         step.dispatch_ms = _rounded(percentiles([s.done_ms - s.scheduled_ms for s in sent]))
+        step.dispatch_call_ms = _rounded(percentiles([s.done_ms - s.started_ms for s in sent]))
         step.max_schedule_lag_ms = round(max((s.done_ms - s.scheduled_ms for s in sent), default=0.0), 3)
         local_rt = probe.snapshot().get("redis_round_trips", 0) - before_local.get("redis_round_trips", 0)
+        local_rt = max(0, local_rt - self.own_round_trips)  # the dispatches' own requests
 
         # Drain: wait until every accepted task of the step is done or dead.
         monitor.phase = "drain"
@@ -278,8 +281,7 @@ class LoadTest:
                            timeout=timeout)
             done = time.time()
             out.append(Sent(key, chat_id, seq, result.accepted, result.task_id, result.reason,
-                            due * 1000, done * 1000))
-            del began
+                            due * 1000, done * 1000, began * 1000))
 
     def _drain(self, accepted: list[Sent], end: float) -> tuple[bool, float | None, int]:
         """Poll the task records until all are terminal; returns (drained, seconds after the step, pending)."""
@@ -345,13 +347,11 @@ class LoadTest:
         step.evalsha_per_task = round((delta.get("evalsha", 0) + delta.get("eval", 0)) / tasks, 2)
         step.commands_per_task = {k: round(v / tasks, 2) for k, v in sorted(delta.items(), key=lambda kv: -kv[1])
                                   if v / tasks >= 0.05}
-        own_rt = self.own_round_trips
-        self.own_round_trips = 0
-        step.dispatch_round_trips_per_task = round(max(0, local_rt - own_rt) / tasks, 2)
+        step.dispatch_round_trips_per_task = round(local_rt / tasks, 2)
         if after_probe:
             d = probe.diff(after_probe, before_probe)
             worker_rt = d.get("redis_round_trips", 0)
-            step.redis_round_trips_per_task = round((worker_rt + max(0, local_rt - own_rt)) / tasks, 2)
+            step.redis_round_trips_per_task = round((worker_rt + local_rt) / tasks, 2)
             step.sql_per_task = {k.removeprefix("sql_"): round(v / tasks, 2) for k, v in sorted(d.items())
                                  if k.startswith("sql_")}
         if before_rows is not None and after_rows is not None:

@@ -127,7 +127,8 @@ def read_dir(directory: Path | str) -> dict[str, int]:
 
 
 def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
-    return {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before) if after.get(k, 0) != before.get(k, 0)}
+    names = set(after) | set(before)
+    return {k: after.get(k, 0) - before.get(k, 0) for k in names if after.get(k, 0) != before.get(k, 0)}
 
 
 if os.environ.get("DISPATCH_PROBE_DIR"):

@@ -7,6 +7,7 @@ once, in dispatch order per chat. The record is keyed by run id and expires.
 from __future__ import annotations
 
 import random
+import threading
 import time
 from typing import Any
 
@@ -27,6 +28,16 @@ def log_key(run: str) -> str:
     return f"{keys.PREFIX}sink:{run}:log"
 
 
+_counts_lock = threading.Lock()
+_counts: dict[str, int] = {}
+
+
+def _nth_of_run(run: str) -> int:
+    with _counts_lock:
+        n = _counts[run] = _counts.get(run, 0) + 1
+        return n
+
+
 @handler("loadtest.sink")
 def sink(payload: dict, ctx: Any) -> dict:
     """Sleep ``latency_ms``, fail retryably at ``fail_rate``, else record (chat, seq, key) as applied."""
@@ -39,11 +50,14 @@ def sink(payload: dict, ctx: Any) -> dict:
     now_ms = int(time.time() * 1000)
     drop_every = int(payload.get("drop_every", 0) or 0)
     seq = int(payload.get("seq", 0))
-    if drop_every and seq % drop_every == drop_every - 1:
-        return {"applied": False}  # a deliberately broken sink, to prove the checker can fail
+    key = ctx.idempotency_key
+    if drop_every > 0 and _nth_of_run(run) % drop_every == 0:
+        # A deliberately broken sink: every drop_every-th message this process
+        # handles for the run is "applied" without a trace. Proves the checker can fail.
+        return {"applied": False}
     pipe = get_redis().pipeline(transaction=False)
-    pipe.hincrby(applied_key(run), ctx.idempotency_key, 1)
-    pipe.rpush(log_key(run), f"{ctx.chat_id}\t{seq}\t{now_ms}\t{ctx.idempotency_key}")
+    pipe.hincrby(applied_key(run), key, 1)
+    pipe.rpush(log_key(run), f"{ctx.chat_id}\t{seq}\t{now_ms}\t{key}")
     pipe.expire(applied_key(run), RECORD_TTL_S)
     pipe.expire(log_key(run), RECORD_TTL_S)
     pipe.execute()
