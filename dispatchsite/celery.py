@@ -10,4 +10,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
 
 app = Celery("dispatchsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.imports = ("tasks.dispatch", "tasks.handlers", "tasks.maintenance")
+app.conf.imports = ("tasks.dispatch", "tasks.handlers", "tasks.maintenance", "lanes.worker")

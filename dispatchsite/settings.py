@@ -143,6 +143,9 @@ DISPATCH_DEADLETTER_RETENTION_DAYS = int(os.environ.get("DISPATCH_DEADLETTER_RET
 DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1,localhost")
 DISPATCH_METRICS_TOKEN = os.environ.get("DISPATCH_METRICS_TOKEN") or GENERATED["metrics_token"]
 FLOWER_URL = os.environ.get("FLOWER_URL", f"http://127.0.0.1:{os.environ.get('FLOWER_PORT', '5555')}/")
+#: Modules imported at startup by every process (web, workers, commands) so the
+#: lifecycle-signal receivers they connect run where the events happen.
+DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
 
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = "django-db"

@@ -2,7 +2,17 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
+from lanes import views as lane_views
+
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
+    path("metrics", lane_views.metrics_view, name="dispatch-metrics"),
+    # Inside the admin (staff only; a logged-out visitor is sent to the admin login).
+    path("admin/dashboard/", admin.site.admin_view(lane_views.dashboard), name="dispatch-dashboard"),
+    path("admin/dashboard/data/", admin.site.admin_view(lane_views.dashboard_data), name="dispatch-dashboard-data"),
+    path("admin/dashboard/lanes/<str:name>/<str:action>/", admin.site.admin_view(lane_views.lane_control),
+         name="dispatch-lane-control"),
+    # For a reverse proxy in front of Flower (nginx auth_request): 204 for staff, 401 otherwise.
+    path("admin/flower-auth/", lane_views.flower_auth, name="dispatch-flower-auth"),
     path("admin/", admin.site.urls),
 ]

@@ -1,8 +1,40 @@
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.template.response import TemplateResponse
+from django.urls import reverse
 
+from lanes import control
 from lanes.models import Lane, LaneEvent
+
+
+def _control_action(action: str, description: str):
+    """An admin action that shows a confirmation page first, then applies ``action`` to each lane."""
+
+    def run(modeladmin: LaneAdmin, request, queryset):
+        lanes = list(queryset)
+        if request.POST.get("confirm") != "yes":
+            from lanes.views import CONFIRM_TEXT
+
+            context = {
+                **modeladmin.admin_site.each_context(request),
+                "title": f"{action.capitalize()} {len(lanes)} lane{'s' if len(lanes) != 1 else ''}?",
+                "lanes": lanes, "action": action, "action_name": f"lane_{action}",
+                "explanation": CONFIRM_TEXT[action], "from_changelist": True, "form_url": "",
+                "cancel_url": reverse("admin:lanes_lane_changelist"), "opts": modeladmin.model._meta,
+            }
+            return TemplateResponse(request, "admin/lanes/control_confirm.html", context)
+        for lane in lanes:
+            try:
+                outcome = control.apply(action, lane.name, request.user.get_username())
+            except control.ControlError as exc:
+                modeladmin.message_user(request, str(exc), messages.ERROR)
+            else:
+                modeladmin.message_user(request, outcome.message, messages.SUCCESS)
+        return None
+
+    run.__name__ = f"lane_{action}"
+    return admin.action(description=description, permissions=["control"])(run)
 
 
 @admin.register(Lane)
@@ -10,6 +42,24 @@ class LaneAdmin(admin.ModelAdmin):
     list_display = ("name", "capacity", "accepting", "description")
     list_editable = ("accepting",)
     search_fields = ("name",)
+    actions = (
+        _control_action("close", "Close admission of selected lanes (dispatch answers lane_closed)"),
+        _control_action("open", "Open admission of selected lanes"),
+        _control_action("pause", "Pause consumption of selected lanes (workers stop taking their tasks)"),
+        _control_action("resume", "Resume consumption of selected lanes"),
+        _control_action("drain", "Drain selected lanes (close, then let them empty)"),
+    )
+
+    def has_control_permission(self, request) -> bool:
+        return request.user.has_perm("lanes.control_lane")
+
+    def save_model(self, request, obj, form, change):
+        """Log an admission change made through the form or the list's checkbox, like the actions do."""
+        before = Lane.objects.filter(pk=obj.pk).values_list("accepting", flat=True).first() if change else None
+        super().save_model(request, obj, form, change)
+        if change and before is not None and before != obj.accepting:
+            control.log(obj.name, "open" if obj.accepting else "close", request.user.get_username(),
+                        "changed in the lane form")
 
 
 @admin.register(LaneEvent)

@@ -1,3 +1,5 @@
+import importlib
+
 from django.apps import AppConfig
 
 
@@ -7,4 +9,11 @@ class LanesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from lanes import signals  # noqa: F401  (config version bumps)
+        from django.conf import settings
+
+        from lanes import receivers, signals  # noqa: F401  (config version bumps, rejection counts)
+
+        # Modules whose receivers must be connected in every process, workers
+        # included (worker-side signals fire in the worker): DISPATCH_HOOK_MODULES.
+        for module in getattr(settings, "DISPATCH_HOOK_MODULES", ()):
+            importlib.import_module(module)

@@ -1,0 +1,137 @@
+"""The operator's pages: ``/metrics``, the admin dashboard, lane controls, and Flower's auth check."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.shortcuts import redirect
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from lanes import charts, control, metrics
+from lanes.models import Lane, LaneEvent
+
+logger = logging.getLogger(__name__)
+
+CONFIRM_TEXT = {
+    "close": "Dispatch will answer lane_closed for every new task of this lane. Tasks already waiting still run.",
+    "open": "Dispatch will accept new tasks of this lane again.",
+    "pause": "Every worker stops taking tasks from this lane (running tasks finish). New tasks wait in the lane.",
+    "resume": "The workers that were paused take tasks from this lane again.",
+    "drain": "Admission closes now; the dashboard shows what is left until the lane and its retries are empty. "
+             "The lane stays closed afterwards until you open it.",
+}
+
+
+def _bearer_ok(request: HttpRequest) -> bool:
+    token = settings.DISPATCH_METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape: the bearer token from DISPATCH_METRICS_TOKEN, or a staff session."""
+    user = request.user
+    if not (_bearer_ok(request) or (user.is_authenticated and user.is_active and user.is_staff)):
+        response = HttpResponse("authentication required: Authorization: Bearer <DISPATCH_METRICS_TOKEN>\n",
+                                status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = 'Bearer realm="dispatch metrics"'
+        return response
+    from lanes.prometheus import registry
+
+    return HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)
+
+
+def flower_auth(request: HttpRequest) -> HttpResponse:
+    """For a reverse proxy's ``auth_request``: 204 for a staff session, 401 otherwise."""
+    user = request.user
+    if user.is_authenticated and user.is_active and user.is_staff:
+        return HttpResponse(status=204)
+    return HttpResponse(status=401)
+
+
+def _can_control(request: HttpRequest) -> bool:
+    return request.user.has_perm("lanes.control_lane")
+
+
+def _live_context(request: HttpRequest) -> dict:
+    snap = metrics.snapshot()
+    now = snap["generated_at"]
+    for lane in snap["lanes"]:
+        lane["chart"] = charts.lane_chart(lane["name"], lane["series"], now)
+        lane["deadletter_url"] = (reverse("admin:tasks_deadletter_changelist")
+                                  + f"?lane__exact={lane['name']}&status__exact=dead")
+        s = lane["stats"]
+        s["queue_latency_p50"] = metrics.format_seconds(s["queue_latency_p50_s"])
+        s["queue_latency_p95"] = metrics.format_seconds(s["queue_latency_p95_s"])
+        fail = s["failure_rate_15m"]
+        s["failure_pct"] = f"{fail * 100:.1f}%" if fail is not None else "-"
+    return {
+        "snap": snap,
+        "can_control": _can_control(request),
+        "flower_url": settings.FLOWER_URL,
+        "events": list(LaneEvent.objects.all()[:10]),
+        "deadletters_url": reverse("admin:tasks_deadletter_changelist") + "?status__exact=dead",
+    }
+
+
+def dashboard(request: HttpRequest) -> HttpResponse:
+    context = {
+        **admin.site.each_context(request),
+        "title": "Dispatch dashboard",
+        "live": render_to_string("admin/lanes/_dashboard_live.html", _live_context(request), request=request),
+        "data_url": reverse("dispatch-dashboard-data"),
+        "flower_url": settings.FLOWER_URL,
+    }
+    return TemplateResponse(request, "admin/lanes/dashboard.html", context)
+
+
+def dashboard_data(request: HttpRequest) -> JsonResponse:
+    """What the page's script polls: the live part as HTML, and the numbers as data."""
+    context = _live_context(request)
+    html = render_to_string("admin/lanes/_dashboard_live.html", context, request=request)
+    snap = context["snap"]
+    for lane in snap["lanes"]:
+        lane.pop("chart", None)
+    return JsonResponse({"html": html, "data": snap})
+
+
+@require_http_methods(["GET", "POST"])
+def lane_control(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    """GET: the confirmation page; POST: apply, log who did it, back to the dashboard."""
+    if action not in control.ACTIONS:
+        return HttpResponse(f"unknown action {action!r}", status=404)
+    if not _can_control(request):
+        return HttpResponseForbidden("you need the 'Can close, open, pause, resume and drain lanes' permission")
+    lane = Lane.objects.filter(name=name).first()
+    if lane is None:
+        return HttpResponse(f"no lane named {name!r}", status=404)
+    back = reverse("dispatch-dashboard")
+    if request.method == "POST":
+        try:
+            outcome = control.apply(action, name, request.user.get_username())
+        except control.ControlError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, outcome.message)
+        return redirect(back)
+    context = {
+        **admin.site.each_context(request),
+        "title": f"{action.capitalize()} lane {name}?",
+        "lanes": [lane],
+        "action": action,
+        "explanation": CONFIRM_TEXT[action],
+        "cancel_url": back,
+        "form_url": request.path,
+        "from_changelist": False,
+    }
+    return TemplateResponse(request, "admin/lanes/control_confirm.html", context)
