@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from collections import Counter
@@ -42,8 +43,8 @@ def snapshot() -> dict[str, int]:
         return dict(_counts)
 
 
-def install() -> None:
-    """Patch redis-py and hook Django's connections (idempotent)."""
+def install(sql: bool = True) -> None:
+    """Patch redis-py and (with ``sql``) hook Django's connections (idempotent)."""
     global _installed
     if _installed:
         return
@@ -57,7 +58,15 @@ def install() -> None:
         return original(self, command, check_health)
 
     AbstractConnection.send_packed_command = send_packed_command  # type: ignore[method-assign]
+    _hook_celery_ready()
+    if not sql:
+        return
+    try:
+        from django.conf import settings
 
+        settings.DATABASES  # noqa: B018 - raises when Django is not configured (e.g. a Dramatiq worker)
+    except Exception:  # noqa: BLE001
+        return
     from django.db.backends.signals import connection_created
 
     def on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
@@ -69,6 +78,23 @@ def install() -> None:
 
     for conn in connections.all(initialized_only=True):
         on_connection(None, conn)
+
+
+def _hook_celery_ready() -> None:
+    """Write ``ready-<pid>`` into the probe directory when a Celery worker starts consuming."""
+    directory = os.environ.get("DISPATCH_PROBE_DIR")
+    if not directory:
+        return
+    try:
+        from celery.signals import worker_ready
+    except ImportError:
+        return
+
+    def on_ready(**kwargs: Any) -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / f"ready-{os.getpid()}").write_text("ready")
+
+    worker_ready.connect(on_ready, weak=False)
 
 
 def _sql_counter(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
@@ -132,4 +158,4 @@ def diff(after: dict[str, int], before: dict[str, int]) -> dict[str, int]:
 
 
 if os.environ.get("DISPATCH_PROBE_DIR"):
-    install()
+    install(sql="django" in sys.modules)
