@@ -1,0 +1,45 @@
+"""``manage.py benchmark --quick``: every row is measured and printed (no speed assertion)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks.benchmark import SYSTEMS, WORKLOADS, dramatiq_available
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quick_benchmark_prints_every_row():
+    out = subprocess.run(
+        [sys.executable, "manage.py", "benchmark", "--quick", "--tasks", "120", "--dispatch-tasks", "200", "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    rows = {(r["workload"], r["system"]): r for r in report["rows"]}
+    assert set(rows) == {(w, s) for w in WORKLOADS for s in SYSTEMS}
+    for (workload, system), row in rows.items():
+        if system == "dramatiq" and not dramatiq_available():
+            assert row["status"].startswith("skipped"), row
+            continue
+        assert row["status"] == "ok", row
+        assert row["median"] > 0 and row["rates"]
+        assert row["redis_round_trips_per_task"] >= 1
+        if workload != "dispatch" and system in ("platform", "chat"):
+            # The platform writes its result row: measured, not assumed.
+            assert row["sql_writes_per_task"] >= 1
+    assert rows[("noop", "celery")]["ratio"] == 1
+    # The table form prints the same rows.
+    text = subprocess.run(
+        [sys.executable, "manage.py", "benchmark", "--quick", "--tasks", "20", "--dispatch-tasks", "20",
+         "--warmup", "2", "--workloads", "dispatch"], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )
+    assert text.returncode == 0, text.stderr[-3000:]
+    for system in SYSTEMS:
+        assert f"dispatch  {system}" in text.stdout
