@@ -175,6 +175,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 }
 CELERY_BROKER_POOL_LIMIT = 32
 CELERY_WORKER_CONSUMER = "tasks.worker_consumer:Consumer"
+CELERY_BROKER_TRANSPORT = "lanes.transport:Transport"
 CELERY_BEAT_SCHEDULE = {
     "maintenance": {"task": "tasks.maintenance", "schedule": 2.0},
     "purge-dead-letters": {"task": "tasks.purge_dead_letters", "schedule": 3600.0},

@@ -21,7 +21,8 @@ def flaky(payload: dict, ctx: Any) -> dict:
 
     ``payload["fail"]``: ``"retry"`` fails retryably while ``ctx.attempt <=
     payload.get("fail_times", 1)``; ``"fatal"`` fails for good; ``"crash"`` kills
-    the worker process (a poison message); ``"exit"`` raises SystemExit.
+    the worker process (a poison message); ``"exit"`` raises SystemExit;
+    ``"unserializable"`` returns a value that is not JSON.
     """
     _sleep(payload)
     mode = payload.get("fail")
@@ -33,6 +34,8 @@ def flaky(payload: dict, ctx: Any) -> dict:
         os._exit(13)
     if mode == "exit":
         raise SystemExit(3)
+    if mode == "unserializable":
+        return {"a set": {1, 2}}
     return payload
 
 

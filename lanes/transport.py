@@ -1,0 +1,47 @@
+"""kombu's Redis transport, hardened: a message that is not even JSON cannot stop a worker.
+
+Stock kombu decodes each popped message inside the consumer's event loop; bytes
+that are not JSON (pushed onto a lane by mistake or malice) raise there and the
+worker exits with "Unrecoverable error". Here such a message is logged, kept as
+a ``malformed`` dead letter, and dropped; the worker goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kombu.transport import redis as kombu_redis
+
+logger = logging.getLogger(__name__)
+
+
+class Channel(kombu_redis.Channel):
+    def _brpop_read(self, **options):
+        try:
+            return super()._brpop_read(**options)
+        except self.connection_errors:
+            raise
+        except kombu_redis.Empty:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any undecodable message must not end the worker
+            logger.error("undecodable_message_dropped error=%r", exc)
+            _record_garbage(exc)
+            return True
+
+
+def _record_garbage(exc: Exception) -> None:
+    try:
+        import uuid
+
+        from tasks import dead_letters
+
+        dead_letters.record(
+            task_id=f"malformed-{uuid.uuid4()}", task_type="?", lane="", reason="malformed",
+            message=f"a message on a lane queue could not be decoded: {exc!r}", exc=exc,
+        )
+    except Exception:  # noqa: BLE001
+        logger.exception("malformed_record_failed")
+
+
+class Transport(kombu_redis.Transport):
+    Channel = Channel
