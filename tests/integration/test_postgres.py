@@ -1,0 +1,60 @@
+"""The platform on PostgreSQL (DATABASE_URL), end to end through the shell commands a user runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.postgres_server import find_bindir
+from tests.support.workers import ROOT, Worker
+
+pytestmark = pytest.mark.skipif(
+    find_bindir() is None and not os.environ.get("CI"),
+    reason="PostgreSQL is not installed: apt-get install postgresql (CI installs it)",
+)
+
+
+def manage(env: dict, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          check=check, timeout=120)
+
+
+def test_dispatch_results_and_dead_letters_on_postgres(tmp_root):
+    from tests.support.postgres_server import PostgresServer
+
+    server = PostgresServer().start()
+    try:
+        env = {**os.environ, "DATABASE_URL": server.url}
+        manage(env, "migrate", "--verbosity", "0")
+        config = tmp_root / "pg-config.json"
+        config.write_text(json.dumps({
+            "retry_policies": [{"name": "pg-once", "max_retries": 0}],
+            "lanes": [{"name": "pg-lane"}],
+            "task_types": [
+                {"name": "pg.echo", "handler": "demo.echo", "lane": "pg-lane", "retry_policy": "pg-once"},
+                {"name": "pg.fail", "handler": "demo.flaky", "lane": "pg-lane", "retry_policy": "pg-once"},
+            ],
+        }))
+        manage(env, "apply_config", str(config))
+        worker = Worker("pg-lane", tmp_root / "logs", concurrency=2, env={"DATABASE_URL": server.url}).start()
+        try:
+            out = manage(env, "dispatch", "pg.echo", "--payload", '{"db": "postgres"}', "--wait")
+            reply = json.loads(out.stdout)
+            assert reply["accepted"] and reply["state"] == "SUCCESS" and reply["result"] == {"db": "postgres"}
+            failed = manage(env, "dispatch", "pg.fail", "--payload", '{"fail": "fatal"}', "--wait")
+            assert json.loads(failed.stdout)["state"] == "FAILURE"
+            rows = json.loads(manage(env, "deadletters", "--json").stdout)
+            assert [r["reason"] for r in rows] == ["non_retryable"]
+        finally:
+            worker.stop()
+        import psycopg
+
+        with psycopg.connect(server.url) as conn:
+            (count,) = conn.execute("SELECT count(*) FROM django_celery_results_taskresult").fetchone()
+        assert count == 2
+    finally:
+        server.stop()

@@ -1,0 +1,73 @@
+"""A throwaway PostgreSQL server (Debian's binaries) on a free loopback port."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from tests.support.redis_server import free_port
+
+
+def find_bindir() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(found[-1]).parent if found else None
+
+
+class PostgresServer:
+    def __init__(self) -> None:
+        self.bindir = find_bindir()
+        assert self.bindir, "PostgreSQL binaries not found"
+        # Its own world-traversable folder: the server runs as the postgres user.
+        self.base = Path(tempfile.mkdtemp(prefix="dispatch-pg-"))
+        self.base.chmod(0o755)
+        self.data_dir = self.base / "data"
+        self.port = free_port()
+        self.proc: subprocess.Popen | None = None
+
+    def _as_postgres(self) -> list[str]:
+        # PostgreSQL refuses to run as root; CI and these machines run tests as root.
+        return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/dispatch"
+
+    def start(self) -> PostgresServer:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            pg = pwd.getpwnam("postgres")
+            os.chown(self.data_dir, pg.pw_uid, pg.pw_gid)
+        subprocess.run([*self._as_postgres(), str(self.bindir / "initdb"), "-D", str(self.data_dir), "-A", "trust",
+                        "-U", "postgres", "-E", "UTF8"], check=True, capture_output=True)
+        self.proc = subprocess.Popen(
+            [*self._as_postgres(), str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
+             "-k", str(self.data_dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        import psycopg
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with psycopg.connect(f"postgres://postgres@127.0.0.1:{self.port}/postgres", autocommit=True) as conn:
+                    conn.execute("CREATE DATABASE dispatch")
+                return self
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise RuntimeError("PostgreSQL did not start") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        shutil.rmtree(self.base, ignore_errors=True)
