@@ -88,6 +88,7 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     context = {
         **admin.site.each_context(request),
         "title": "Dispatch dashboard",
+        "is_nav_sidebar_enabled": False,  # the lane table needs the width
         "live": render_to_string("admin/lanes/_dashboard_live.html", _live_context(request), request=request),
         "data_url": reverse("dispatch-dashboard-data"),
         "flower_url": settings.FLOWER_URL,

@@ -90,7 +90,7 @@ def test_success_and_expiry_carry_queue_and_execution_latency(rc, start_worker, 
 
 
 def test_retry_then_success_reports_each_attempt(rc, hook_lane):
-    lane, worker = hook_lane
+    lane, _worker = hook_lane
     name = unique("hk-retry")
     define(name, handler="demo.flaky", lane=lane, policy={"max_retries": 3, "initial_backoff": 0.05, "jitter": 0})
     t0 = time.time()

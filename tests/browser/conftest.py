@@ -1,0 +1,100 @@
+"""Browser fixtures: the site served from this process, and Debian's Chromium driven by Playwright.
+
+Playwright cannot download its own browser here, so it launches the system
+Chromium (``apt-get install -y chromium``); without it these tests are skipped
+with that instruction.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import pytest
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def live_server() -> Iterator[str]:
+    """The Django site (with the admin's static files) on a free loopback port, in a thread."""
+    from django.contrib.staticfiles.handlers import StaticFilesHandler
+    from django.core.wsgi import get_wsgi_application
+
+    server = make_server("127.0.0.1", 0, StaticFilesHandler(get_wsgi_application()),
+                         server_class=_ThreadingServer, handler_class=_QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="live-server", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"browser tests need Chromium at {CHROMIUM}: apt-get install -y chromium "
+                    "(or set CHROMIUM_PATH)")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an asyncio loop in this thread; Django would then
+    # refuse the test's own ORM calls. Nothing else runs on that loop: allow them.
+    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+    try:
+        with sync_playwright() as playwright:
+            instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            yield instance
+            instance.close()
+    finally:
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.fixture
+def page(browser, request):
+    """A fresh browser context per test; a screenshot of where it ended is kept as an artifact."""
+    context = browser.new_context(viewport={"width": 1500, "height": 1000})
+    context.set_default_timeout(20_000)
+    tab = context.new_page()
+    yield tab
+    ARTIFACTS.mkdir(exist_ok=True)
+    try:
+        tab.screenshot(path=str(ARTIFACTS / f"{request.node.name}-end.png"), full_page=True)
+    finally:
+        context.close()
+
+
+def shot(page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture
+def operator_login():
+    """A superuser with a real password, for logging in through the form."""
+    from django.contrib.auth import get_user_model
+
+    from tests.support.helpers import unique
+
+    name, password = unique("op"), "pw-browser-123"
+    get_user_model().objects.create_superuser(name, f"{name}@example.com", password)
+    return name, password
