@@ -21,7 +21,7 @@ def bump_config_version() -> None:
 
     try:
         get_redis().incr(keys.CONFIG_VERSION)
-    except Exception:  # noqa: BLE001 - a config save must not fail on Redis trouble
+    except Exception:
         logger.exception("config_version_bump_failed")
 
 

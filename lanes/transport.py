@@ -39,7 +39,7 @@ def _record_garbage(exc: Exception) -> None:
             task_id=f"malformed-{uuid.uuid4()}", task_type="?", lane="", reason="malformed",
             message=f"a message on a lane queue could not be decoded: {exc!r}", exc=exc,
         )
-    except Exception:  # noqa: BLE001
+    except Exception:
         logger.exception("malformed_record_failed")
 
 

@@ -87,5 +87,5 @@ def _renew_forever() -> None:
         until = int((time.time() + lease_s) * 1000)
         try:
             get_redis().zadd(keys.LEASES, {record: until for record in records}, xx=True)
-        except Exception:  # noqa: BLE001 - keep renewing; the next round may reach Redis
+        except Exception:
             logger.warning("lease_renew_failed records=%d", len(records), exc_info=True)

@@ -97,7 +97,7 @@ class MaintenanceStep(bootsteps.StartStopStep):
                     sweep()
                     audit_chats()
                     next_sweep = time.monotonic() + sweep_every
-            except Exception:  # noqa: BLE001 - keep the thread alive through Redis or DB hiccups
+            except Exception:
                 logger.warning("maintenance_failed", exc_info=True)
                 self.stopping.wait(1.0)
 

@@ -20,11 +20,15 @@ class RetryPolicy(models.Model):
     """How failed attempts are retried: delay = min(max, initial * multiplier^n) +/- jitter."""
 
     name = models.CharField("name", max_length=64, unique=True)
-    max_retries = models.PositiveIntegerField("max retries", default=5, help_text="Retries after the first attempt.")
+    max_retries = models.PositiveIntegerField(
+        "max retries", default=5, help_text="Retries after the first attempt."
+    )
     initial_backoff = models.FloatField("initial backoff (s)", default=1.0)
     multiplier = models.FloatField("multiplier", default=2.0)
     max_backoff = models.FloatField("max backoff (s)", default=60.0)
-    jitter = models.FloatField("jitter", default=0.2, help_text="Fraction of the delay, 0..1, added or removed at random.")
+    jitter = models.FloatField(
+        "jitter", default=0.2, help_text="Fraction of the delay, 0..1, added or removed at random."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -68,13 +72,17 @@ class TaskType(models.Model):
     chat_scoped = models.BooleanField(
         "chat scoped", default=False, help_text="Messages of one chat run one at a time, in dispatch order."
     )
-    chat_queue_size = models.PositiveIntegerField("chat queue size", default=64, help_text="Most messages queued per chat.")
+    chat_queue_size = models.PositiveIntegerField(
+        "chat queue size", default=64, help_text="Most messages queued per chat."
+    )
     max_payload_bytes = models.PositiveIntegerField("max payload bytes", default=65536)
     idempotency_window = models.PositiveIntegerField(
         "idempotency window (s)", default=86400, help_text="How long a dispatch's idempotency key is remembered."
     )
     enabled = models.BooleanField("enabled", default=True)
-    options = models.JSONField("options", default=dict, blank=True, help_text="Handler settings, checked by the handler.")
+    options = models.JSONField(
+        "options", default=dict, blank=True, help_text="Handler settings, checked by the handler."
+    )
 
     class Meta:
         ordering = ["name"]
@@ -85,7 +93,8 @@ class TaskType(models.Model):
     def clean(self) -> None:
         errors: dict[str, str] = {}
         if self.handler and self.handler not in registry.handler_names():
-            errors["handler"] = f"Unknown handler '{self.handler}'; choose one of: {', '.join(registry.handler_names())}."
+            known = ", ".join(registry.handler_names())
+            errors["handler"] = f"Unknown handler '{self.handler}'; choose one of: {known}."
         if self.priority is not None and not 0 <= self.priority <= 9:
             errors["priority"] = "Priority must be between 0 and 9."
         if self.timeout is not None and not 0 < self.timeout <= MAX_TIMEOUT_S:

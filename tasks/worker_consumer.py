@@ -29,7 +29,7 @@ def _record(message, why: str) -> None:
             reason="malformed",
             message=f"{why}; content-type={getattr(message, 'content_type', None)!r}; body starts {preview!r}",
         )
-    except Exception:  # noqa: BLE001 - recording must never take the consumer down
+    except Exception:
         logger.exception("malformed_record_failed")
 
 

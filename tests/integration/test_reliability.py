@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import time
+from itertools import pairwise
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -39,7 +40,7 @@ def test_fails_twice_then_succeeds_with_delays_from_the_policy(start_worker, sin
     assert [a.attempt for a in attempts] == [1, 2, 3]
     assert sink.sink.applied == {result.task_id: 1}  # one side effect
     backoff = Backoff(**policy)
-    for n, (before, after) in enumerate(zip(attempts, attempts[1:], strict=False)):
+    for n, (before, after) in enumerate(pairwise(attempts)):
         low, high = delay_bounds_s(backoff, n)
         gap = after.at - before.at
         assert low <= gap <= high + 1.0, (n, gap, low, high)  # +1 s: promotion tick and delivery

@@ -92,7 +92,7 @@ class Sink:
 class _Handler(BaseHTTPRequestHandler):
     sink: Sink
 
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    def do_POST(self):
         length = int(self.headers.get("Content-Length", "0"))
         raw = self.rfile.read(length)
         try:

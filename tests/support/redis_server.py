@@ -39,7 +39,7 @@ class RedisServer:
             "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
             "--save", "", "--daemonize", "no", "--loglevel", "warning",
         ]
-        self.log = open(self.data_dir / "redis.log", "ab")  # noqa: SIM115 - closed in stop()
+        self.log = open(self.data_dir / "redis.log", "ab")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:

@@ -29,7 +29,7 @@ class Worker:
     def start(self, timeout: float = 60) -> Worker:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [CELERY, "-A", "dispatchsite", "worker", "-Q", self.queues, "-n", f"{self.name}@%h", "-P", self.pool,
              "-c", str(self.concurrency), "-l", "INFO", "--without-gossip", "--without-mingle", *self.extra],

@@ -1,0 +1,54 @@
+"""Measurement only: the platform without its metrics and lifecycle signals.
+
+Imported (through ``DISPATCH_HOOK_MODULES``) by the workers of the "off" variant
+of ``scripts/measure_overhead.py``: the Lua scripts are loaded with their
+counting helpers turned into no-ops, and ``tasks.hooks`` sends nothing. Never
+used by the platform itself.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from lanes import scripts
+from tasks import hooks
+
+#: The counting helpers of the scripts; each gets an early return.
+COUNTING_FUNCTIONS = (
+    "local function count_to(total_key, minute_key, field)",
+    "local function observe(total_key, minute_key, name, suffix, bucket, seconds)",
+    "local function count(kind, extra)",
+)
+
+_original_source = scripts._source
+_original_send = hooks._send
+
+
+def stripped_source(name: str) -> str:
+    text = _original_source(name)
+    for head in COUNTING_FUNCTIONS:
+        text = text.replace(head, head + "\n  do return end", 1)
+    return text
+
+
+def _no_send(signal, info) -> None:
+    return None
+
+
+def enable() -> None:
+    """Strip the metrics from scripts loaded from now on, and stop sending signals."""
+    admit = _original_source("admit")  # _lib.lua (count_to, observe) + admit.lua (count)
+    missing = [head for head in COUNTING_FUNCTIONS if head not in admit]
+    assert not missing, f"the scripts' counting helpers changed, update this module: {missing}"
+    scripts._source = functools.cache(stripped_source)
+    scripts._scripts.clear()
+    hooks._send = _no_send
+
+
+def disable() -> None:
+    scripts._source = _original_source
+    scripts._scripts.clear()
+    hooks._send = _original_send
+
+
+enable()
