@@ -103,6 +103,7 @@ class Measurement:
     seconds: float | None = None
     cpu_ms_per_task: dict[str, float] = field(default_factory=dict)
     redis_commands_per_task: float | None = None
+    commands_by_name: dict[str, float] = field(default_factory=dict)
     redis_round_trips_per_task: float | None = None
     sql_per_task: float | None = None
     sql_writes_per_task: float | None = None
@@ -122,6 +123,7 @@ class Row:
     rates: list[float] = field(default_factory=list)
     cpu_ms_per_task: dict[str, float] = field(default_factory=dict)
     redis_commands_per_task: float | None = None
+    commands_by_name: dict[str, float] = field(default_factory=dict)
     redis_round_trips_per_task: float | None = None
     sql_per_task: float | None = None
     sql_writes_per_task: float | None = None
@@ -231,7 +233,10 @@ class Bench:
             url = f"redis://:{password}@127.0.0.1:{port}/0"
         self.env = {
             **os.environ, "REDIS_URL": url, "DATABASE_URL": f"sqlite:///{self.tmp / 'bench.sqlite3'}",
-            "DISPATCH_SECRETS_FILE": str(self.tmp / "secrets.json"), "DJANGO_SETTINGS_MODULE": "dispatchsite.settings",
+            "DISPATCH_SECRETS_FILE": str(self.tmp / "secrets.json"),
+            # An overlay settings module (``from dispatchsite.settings import *`` plus changes) may be set to
+            # measure a proposed change side by side.
+            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "dispatchsite.settings"),
             "CELERY_WORKER_SEND_TASK_EVENTS": "false", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
         }
         self.env.pop("DISPATCH_PROBE_DIR", None)
@@ -453,6 +458,7 @@ def summarize(measurements: list[Measurement], systems: list[str], workloads: li
                          "sql_writes_per_task"):
                 values = [getattr(m, attr) for m in ok if getattr(m, attr) is not None]
                 setattr(row, attr, round(statistics.median(values), 2) if values else None)
+            row.commands_by_name = ok[len(ok) // 2].commands_by_name
             failed = [m.error for m in ms if m.error]
             if failed:
                 row.status = f"{len(failed)} of {len(ms)} rounds failed: {failed[0]}"
@@ -513,17 +519,18 @@ def produce(spec: dict) -> dict[str, Any]:
     if mode == "dispatch":
         for i in range(warmup):
             send(i)
-        cmd0, cpu0, rt0 = _commandstats(r), time.process_time(), probe.snapshot().get("redis_round_trips", 0)
+        by0, cpu0, rt0 = _commandstats(r), time.process_time(), probe.snapshot().get("redis_round_trips", 0)
         t0 = time.perf_counter()
         for i in range(n):
             rejected += send(i)
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         rt = probe.snapshot().get("redis_round_trips", 0) - rt0
-        cmds = _commandstats(r) - cmd0 - 1
+        by = _delta(_commandstats(r), by0, {"info": 1})
         return {"rate": round(n / elapsed, 1), "n": n, "seconds": round(elapsed, 3), "rejected": rejected,
                 "cpu_ms_per_task": {"producer": round(cpu * 1000 / n, 3)},
-                "redis_commands_per_task": round(cmds / n, 2), "redis_round_trips_per_task": round(rt / n, 2)}
+                "redis_commands_per_task": round(sum(by.values()) / n, 2), "commands_by_name": _per(by, n),
+                "redis_round_trips_per_task": round(rt / n, 2)}
 
     probe_dir = spec["probe_dir"]
     for i in range(warmup):
@@ -533,7 +540,7 @@ def produce(spec: dict) -> dict[str, Any]:
     pids = _process_tree(spec["worker_pids"])
     cpu_before = _cpu(pids, spec.get("redis_pid"))
     probe_before = probe.read_dir(probe_dir)
-    cmd0 = _commandstats(r)
+    by0 = _commandstats(r)
     rt0 = probe.snapshot().get("redis_round_trips", 0)
     pcpu0 = time.process_time()
     t0 = time.perf_counter()
@@ -543,7 +550,7 @@ def produce(spec: dict) -> dict[str, Any]:
     rt_pub = probe.snapshot().get("redis_round_trips", 0) - rt0
     polls = _wait_drained(empty, timeout=600)
     elapsed = time.perf_counter() - t0
-    cmds = _commandstats(r) - cmd0 - 1 - polls * empty.commands
+    by = _delta(_commandstats(r), by0, {"info": 1, **{k: polls * v for k, v in empty.commands.items()}})
     cpu_after = _cpu(pids, spec.get("redis_pid"))
     time.sleep(probe.FLUSH_INTERVAL_S * 2.5)
     d = probe.diff(probe.read_dir(probe_dir), probe_before)
@@ -554,7 +561,8 @@ def produce(spec: dict) -> dict[str, Any]:
     writes = sum(v for k, v in d.items() if k in ("sql_insert", "sql_update", "sql_delete", "sql_replace"))
     return {
         "rate": round(n / elapsed, 1), "n": n, "seconds": round(elapsed, 3), "rejected": rejected,
-        "cpu_ms_per_task": cpu, "redis_commands_per_task": round(cmds / n, 2),
+        "cpu_ms_per_task": cpu, "redis_commands_per_task": round(sum(by.values()) / n, 2),
+        "commands_by_name": _per(by, n),
         "redis_round_trips_per_task": round((d.get("redis_round_trips", 0) + rt_pub) / n, 2),
         "sql_per_task": round(sql / n, 2), "sql_writes_per_task": round(writes / n, 2),
     }
@@ -587,7 +595,7 @@ def _sender(system: str, chats: int, ms: float) -> Callable[[int], int]:
 
 
 class _Empty:
-    def __init__(self, probe_fn: Callable[[], bool], commands: int) -> None:
+    def __init__(self, probe_fn: Callable[[], bool], commands: dict[str, int]) -> None:
         self.probe_fn, self.commands = probe_fn, commands
 
     def __call__(self) -> bool:
@@ -598,7 +606,7 @@ def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
     """True when the system holds no message waiting or unacknowledged."""
     if system == "dramatiq":
         name = "dramatiq:bench-dramatiq.msgs"
-        return _Empty(lambda: r.hlen(name) == 0, 1)
+        return _Empty(lambda: r.hlen(name) == 0, {"hlen": 1})
     if system == "celery":
         queues, extra = keys.lane_queues("bench-celery"), []
     else:
@@ -614,7 +622,7 @@ def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
             pipe.exists(k)
         return not any(int(v or 0) for v in pipe.execute())
 
-    return _Empty(empty, len(queues) + 1 + len(extra))
+    return _Empty(empty, {"llen": len(queues), "hlen": 1, "exists": len(extra)})
 
 
 def _wait_drained(empty: _Empty, timeout: float) -> int:
@@ -634,8 +642,18 @@ def _wait_drained(empty: _Empty, timeout: float) -> int:
         time.sleep(0.005)
 
 
-def _commandstats(r: Any) -> int:
-    return sum(int(v["calls"]) for v in r.info("commandstats").values())
+def _commandstats(r: Any) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+
+def _delta(after: dict[str, int], before: dict[str, int], own: dict[str, int]) -> dict[str, int]:
+    """Commands run between two snapshots, less the benchmark's own (``own``)."""
+    out = {k: after.get(k, 0) - before.get(k, 0) - own.get(k, 0) for k in after}
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _per(by: dict[str, int], n: int) -> dict[str, float]:
+    return {k: round(v / n, 2) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v / n >= 0.01}
 
 
 def _process_tree(roots: list[int]) -> dict[str, list[int]]:
