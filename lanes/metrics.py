@@ -15,10 +15,13 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lanes import histogram, keys
 from lanes.priorities import from_kombu
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 #: A parsed counter hash: the field split on ``|`` -> its value.
 Counters = dict[tuple[str, ...], float]
@@ -188,12 +191,12 @@ def format_seconds(value: float | None) -> str:
 
 # --- Redis reads -------------------------------------------------------------
 
-def read_totals(client) -> Counters:
+def read_totals(client: Redis) -> Counters:
     """The all-time counters (what Prometheus scrapes)."""
     return parse_counters(client.hgetall(keys.METRICS_TOTAL))
 
 
-def read_minutes(client, now: float, count: int = WINDOW_MINUTES + 1) -> list[Counters]:
+def read_minutes(client: Redis, now: float, count: int = WINDOW_MINUTES + 1) -> list[Counters]:
     """Minute hashes, newest first: index 0 is the current minute."""
     minute = int(now // 60)
     pipe = client.pipeline(transaction=False)
@@ -202,7 +205,7 @@ def read_minutes(client, now: float, count: int = WINDOW_MINUTES + 1) -> list[Co
     return [parse_counters(raw) for raw in pipe.execute()]
 
 
-def read_in_flight(client, now: float, lease_s: float, limit: int = 10000) -> dict[str, int]:
+def read_in_flight(client: Redis, now: float, lease_s: float, limit: int = 10000) -> dict[str, int]:
     """Running tasks per lane: records whose lease is live and whose state is ``running``.
 
     A running task's lease ends within ``lease_s`` (it is renewed while the
@@ -223,7 +226,7 @@ def read_in_flight(client, now: float, lease_s: float, limit: int = 10000) -> di
     return dict(counts)
 
 
-def read_gauges(client, lanes: Iterable[str], now: float, lease_s: float) -> dict[str, LaneGauges]:
+def read_gauges(client: Redis, lanes: Iterable[str], now: float, lease_s: float) -> dict[str, LaneGauges]:
     """Depth per priority, scheduled retries, chat backlog and in-flight count of each lane."""
     names = list(lanes)
     pipe = client.pipeline(transaction=False)
@@ -247,7 +250,7 @@ def read_gauges(client, lanes: Iterable[str], now: float, lease_s: float) -> dic
     return out
 
 
-def read_chats(client, top: int = 10) -> dict[str, Any]:
+def read_chats(client: Redis, top: int = 10) -> dict[str, Any]:
     """Chats with a backlog: how many, the longest backlog, and the top ones with their head task."""
     pipe = client.pipeline(transaction=False)
     pipe.zcard(keys.chat_index())
@@ -269,7 +272,7 @@ def read_chats(client, top: int = 10) -> dict[str, Any]:
     return {"active": int(active), "longest": rows[0]["backlog"] if rows else 0, "top": rows}
 
 
-def read_recent_rejections(client, count: int = 20) -> list[dict[str, Any]]:
+def read_recent_rejections(client: Redis, count: int = 20) -> list[dict[str, Any]]:
     out = []
     for raw in client.lrange(keys.REJECTIONS_RECENT, 0, count - 1):
         try:
@@ -279,7 +282,7 @@ def read_recent_rejections(client, count: int = 20) -> list[dict[str, Any]]:
     return out
 
 
-def record_rejection(client, lane: str, type_name: str, reason: str, detail: str, now: float) -> None:
+def record_rejection(client: Redis, lane: str, type_name: str, reason: str, detail: str, now: float) -> None:
     """Count a rejection the admission script did not count, and remember it for the dashboard.
 
     One pipelined round trip, on the rejection path only.
@@ -298,7 +301,7 @@ def record_rejection(client, lane: str, type_name: str, reason: str, detail: str
     pipe.execute()
 
 
-def maybe_sample(client, lanes: Iterable[str], now: float | None = None) -> bool:
+def maybe_sample(client: Redis, lanes: Iterable[str], now: float | None = None) -> bool:
     """Record one (waiting, completed-total) sample per lane, at most once per interval across processes."""
     if not client.set(keys.SAMPLE_LOCK, "1", nx=True, px=int(SAMPLE_INTERVAL_S * 1000 * 0.9)):
         return False
@@ -306,7 +309,7 @@ def maybe_sample(client, lanes: Iterable[str], now: float | None = None) -> bool
     return True
 
 
-def record_sample(client, lanes: Iterable[str], now: float) -> None:
+def record_sample(client: Redis, lanes: Iterable[str], now: float) -> None:
     names = list(lanes)
     if not names:
         return
@@ -331,7 +334,7 @@ def record_sample(client, lanes: Iterable[str], now: float) -> None:
     pipe.execute()
 
 
-def read_samples(client, lanes: Iterable[str], now: float, window_s: float = WINDOW_MINUTES * 60
+def read_samples(client: Redis, lanes: Iterable[str], now: float, window_s: float = WINDOW_MINUTES * 60
                  ) -> dict[str, list[tuple[float, int, float]]]:
     names = list(lanes)
     pipe = client.pipeline(transaction=False)
@@ -350,7 +353,7 @@ def read_samples(client, lanes: Iterable[str], now: float, window_s: float = WIN
     return out
 
 
-def read_control_state(client, lanes: Iterable[str]) -> tuple[set[str], set[str]]:
+def read_control_state(client: Redis, lanes: Iterable[str]) -> tuple[set[str], set[str]]:
     """(paused lanes, draining lanes)."""
     pipe = client.pipeline(transaction=False)
     pipe.smembers(keys.PAUSED_LANES)
@@ -408,7 +411,8 @@ class LaneRow:
         return data
 
 
-def snapshot(client=None, now: float | None = None, lane_names: list[str] | None = None) -> dict[str, Any]:
+def snapshot(client: Redis | None = None, now: float | None = None,
+             lane_names: list[str] | None = None) -> dict[str, Any]:
     """Everything the dashboard and ``manage.py lanes`` show, as JSON-able data."""
     from django.conf import settings
 

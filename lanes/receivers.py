@@ -19,7 +19,7 @@ from tasks.hooks import TaskInfo, task_rejected
 logger = logging.getLogger(__name__)
 
 
-def count_rejection(sender, info: TaskInfo, **kwargs) -> None:
+def count_rejection(sender: object, info: TaskInfo, **kwargs: object) -> None:
     from lanes.metrics import record_rejection
     from lanes.redis_client import get_redis
 

@@ -125,6 +125,7 @@ def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
     print(
         "\n"
         f"  Admin:   http://127.0.0.1:{web_port}/admin/   user admin / {secrets['admin_password']}\n"
+        f"  Dashboard: http://127.0.0.1:{web_port}/admin/dashboard/\n"
         f"  Flower:  http://127.0.0.1:{flower_port}/      user admin / {secrets['flower_password']}\n"
         f"  Metrics: http://127.0.0.1:{web_port}/metrics  Authorization: Bearer {secrets['metrics_token']}\n"
         "  (credentials are kept in .dispatch-secrets.json, mode 0600)\n"

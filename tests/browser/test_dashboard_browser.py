@@ -141,9 +141,13 @@ def _load_config(screenshot: bool) -> dict[str, str]:
     return names
 
 
+LOAD_S = float(os.environ.get("DASHBOARD_LOAD_S", "15"))
+
+
+@pytest.mark.timeout(int(LOAD_S) + 240)
 def test_dashboard_under_load(page, live_server, operator_login, start_worker):
     target = os.environ.get("DASHBOARD_SCREENSHOT")
-    duration = float(os.environ.get("DASHBOARD_LOAD_S", "15"))
+    duration = LOAD_S
     names = _load_config(bool(target))
     define(names["bulk_type"], lane=names["bulk"])
     lanes = f"{names['realtime']},{names['default']},{names['bulk']}"
