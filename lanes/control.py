@@ -92,7 +92,7 @@ def pause(name: str, actor: str, timeout: float = CONTROL_TIMEOUT_S) -> Outcome:
     workers = consuming_workers(name, timeout)
     if workers:
         client.sadd(keys.paused_workers(name), *workers)
-        _app().control.cancel_consumer(name, destination=workers, reply=True, timeout=timeout)
+        _app().control.cancel_consumer(name, destination=workers, reply=True, timeout=timeout, limit=len(workers))
         _wait_not_consuming(name, workers, timeout * 5)
     held = sorted(m.decode() for m in client.smembers(keys.paused_workers(name)))
     message = f"lane {name} paused on {len(held)} worker(s): {', '.join(held) or 'none running'}"
@@ -103,7 +103,8 @@ def pause(name: str, actor: str, timeout: float = CONTROL_TIMEOUT_S) -> Outcome:
 def _wait_not_consuming(name: str, workers: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        replies = _app().control.inspect(destination=workers, timeout=CONTROL_TIMEOUT_S).active_queues() or {}
+        replies = _app().control.inspect(destination=workers, timeout=CONTROL_TIMEOUT_S,
+                                         limit=len(workers)).active_queues() or {}
         if not any(q.get("name") == name for queues in replies.values() for q in queues or []):
             return
         time.sleep(0.2)
@@ -117,7 +118,7 @@ def resume(name: str, actor: str, timeout: float = CONTROL_TIMEOUT_S) -> Outcome
     workers = sorted(m.decode() for m in client.smembers(keys.paused_workers(name)))
     client.srem(keys.PAUSED_LANES, name)
     if workers:
-        _app().control.add_consumer(name, destination=workers, reply=True, timeout=timeout)
+        _app().control.add_consumer(name, destination=workers, reply=True, timeout=timeout, limit=len(workers))
     client.delete(keys.paused_workers(name))
     message = f"lane {name} resumed on {len(workers)} worker(s): {', '.join(workers) or 'none'}"
     log(name, "resume", actor, message)

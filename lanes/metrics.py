@@ -178,6 +178,15 @@ def rejections_by_reason(window: Counters) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (-r["count"], r["lane"], r["type"], r["reason"]))
 
 
+def format_rate(value: float) -> str:
+    """Short form of a per-second rate for tables: 25.9, 3.69, 0.068."""
+    if value >= 10:
+        return f"{value:.1f}"
+    if value >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3f}".rstrip("0").rstrip(".") if value else "0"
+
+
 def format_seconds(value: float | None) -> str:
     """Short human form of a latency for tables: 12ms, 1.4s, 3m."""
     if value is None:

@@ -75,6 +75,8 @@ def _live_context(request: HttpRequest) -> dict:
         s["queue_latency_p95"] = metrics.format_seconds(s["queue_latency_p95_s"])
         fail = s["failure_rate_15m"]
         s["failure_pct"] = f"{fail * 100:.1f}%" if fail is not None else "-"
+        for kind in ("dispatched", "completed"):
+            s[f"{kind}_rates"] = {w: metrics.format_rate(v) for w, v in s[f"{kind}_per_s"].items()}
     return {
         "snap": snap,
         "can_control": _can_control(request),

@@ -171,8 +171,14 @@ def test_dashboard_under_load(page, live_server, operator_login, start_worker):
             if rng.random() < 0.15:
                 mode = rng.choice(("retry", "retry", "fatal"))
                 dispatch.delay(names["flaky"], {"fail": mode, "fail_times": rng.choice((1, 2, 5))})
+            if rng.random() < 0.3:  # one hot chat gets more than it can take: its backlog grows
+                seq["hot"] = seq.get("hot", 0) + 1
+                dispatch.delay(names["chat"], {"latency_ms": 800, "seq": seq["hot"], "run": "dash"},
+                               chat_id="chat-hot")
             if rng.random() < 0.05:
                 dispatch.delay(names["echo"], ["not", "an", "object"])  # a rejection now and then
+            if rng.random() < 0.02:
+                dispatch.delay("reports.daily", {})  # unknown_type
             if phase < 2 and rng.random() < 0.5:  # a bulk burst at the top of each minute
                 for _ in range(40):
                     dispatch.delay(names["bulk_type"], {"sleep": 0.05}, priority=1)

@@ -144,3 +144,8 @@ def test_nice_axis_max():
     assert charts._nice_max(7) == 10.0
     assert charts._nice_max(37) == 50.0
     assert charts._nice_max(0.3) == 0.5
+
+
+def test_short_number_formats():
+    assert [metrics.format_rate(v) for v in (25.952, 3.6871, 0.0683, 0.0)] == ["26.0", "3.69", "0.068", "0"]
+    assert [metrics.format_seconds(v) for v in (None, 0.0123, 1.44, 300)] == ["-", "12ms", "1.4s", "5m"]
