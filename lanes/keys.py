@@ -39,6 +39,11 @@ def task_record(task_id: str, chat_id: str | None = None) -> str:
     return f"{PREFIX}t:{task_id}"
 
 
+def tombstone(task_id: str) -> str:
+    """A finished task's outcome, kept briefly so a late redelivery can re-store it."""
+    return f"{PREFIX}done:{task_id}"
+
+
 def lane_queue(lane: str, kombu_priority: int) -> str:
     """The Redis list kombu reads for ``lane`` at its own priority (0 first)."""
     return lane if kombu_priority == 0 else f"{lane}:{kombu_priority}"

@@ -89,7 +89,15 @@ def execute(task: Task, args: tuple, kwargs: dict) -> Any:
         _malformed(task, str(exc), payload, raw_env)
     if not isinstance(payload, dict):
         _malformed(task, "payload is not an object", payload, raw_env)
-    return _Run(task, env, payload).run()
+    try:
+        return _Run(task, env, payload).run()
+    except _Finished as finished:
+        return finished.result
+
+
+class _Finished(Exception):
+    def __init__(self, result: Any) -> None:
+        self.result = result
 
 
 class _Run:
@@ -151,7 +159,7 @@ class _Run:
         for _ in range(2):
             reply = script("start")(
                 keys=[self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
-                      keys.chat_queue(env.chat) if env.chat else self.record],
+                      keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id)],
                 args=[self.task_id, env.attempt, leases.owner_id(), int(now * 1000),
                       int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
                       self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
@@ -163,6 +171,14 @@ class _Run:
                 dead_owner = reply[1].decode()
                 continue
             break
+        if status == "finished":
+            # Finished, but its worker may have died before Celery stored the
+            # outcome: store it again (the result row is written idempotently).
+            outcome, _, result_json = reply[1].decode().partition("|")
+            logger.info("redelivery_of_finished task=%s outcome=%s", self.task_id, outcome)
+            if outcome == "done":
+                raise _Finished(json.loads(result_json))
+            raise DeadLettered(json.loads(result_json) or "dead letter")
         if status == "poison":
             self._die("poison", f"delivered {int(reply[1]) - 1} times; its worker died each time before finishing")
         logger.info("delivery_skipped task=%s status=%s", self.task_id, status)
@@ -200,7 +216,7 @@ class _Run:
             chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
             attempts=env.attempt, dispatched_at=env.dispatched_at, exc=exc, message=detail,
         )
-        self._finish("dead", "null", reason)
+        self._finish("dead", json.dumps(str(DeadLettered.because(reason, detail))), reason)
         hooks.emit(hooks.task_finished, self._info(time.time(), outcome="dead", reason=reason, detail=detail))
         raise DeadLettered.because(reason, detail)
 
@@ -210,8 +226,8 @@ class _Run:
         xlat = now - self.started_at if self.started_at else None
         script("finish")(
             keys=[self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
-                  keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now)],
-            args=[self.task_id, outcome, result_json, int(now * 1000), 0,
+                  keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id)],
+            args=[self.task_id, outcome, _bounded(result_json), int(now * 1000), _tombstone_ttl_s(),
                   int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
                   keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
                   bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
@@ -223,6 +239,19 @@ class _Run:
         qlat = (self.started_at or now) - env.dispatched_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
         return hooks.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
+
+
+#: Largest result kept in a tombstone; a bigger one is re-stored as null.
+TOMBSTONE_RESULT_MAX = 16384
+
+
+def _bounded(result_json: str) -> str:
+    return result_json if len(result_json) <= TOMBSTONE_RESULT_MAX else "null"
+
+
+def _tombstone_ttl_s() -> int:
+    """Long enough to outlive any copy still in the broker (restore or sweep)."""
+    return int(max(settings.DISPATCH_QUEUED_LEASE_S, 4 * settings.DISPATCH_LEASE_S))
 
 
 def _portable(exc: BaseException) -> BaseException:

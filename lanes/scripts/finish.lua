@@ -2,8 +2,9 @@
 --
 -- KEYS[1] task record   KEYS[2] leases   KEYS[3] chat queue (or the record)
 -- KEYS[4] active chats index   KEYS[5] metrics totals   KEYS[6] metrics minute
+-- KEYS[7] the task's tombstone (outcome and result, for a late redelivery)
 -- ARGV: 1 task id, 2 outcome ('done'|'dead'), 3 result JSON, 4 now ms,
---   5 unused (kept for argument positions),
+--   5 seconds to keep the tombstone,
 --   6 queued lease ms, 7 chat id or '', 8 chat record prefix,
 --   9 metric field suffix ('lane|type'), 10 outcome detail (dead reason or ''),
 --   11 execution-latency bucket label or '', 12 chat-waiting key prefix,
@@ -20,9 +21,12 @@ local st = f[1]
 if not st then return {'gone'} end
 if st == 'done' or st == 'dead' then return {'already', st} end
 local lane = f[2]
--- The record goes away with the task: a late duplicate delivery finds no
--- record and is dropped, and a finished chat leaves no key behind.
+-- The record goes away with the task, so a finished chat leaves no key behind.
+-- A small tombstone outside the chat's keys remembers the outcome for a while:
+-- a worker killed after this script but before Celery stored the result gets
+-- its message redelivered, and that delivery stores the result from here.
 redis.call('DEL', KEYS[1])
+redis.call('SET', KEYS[7], ARGV[2] .. '|' .. ARGV[3], 'EX', tonumber(ARGV[5]))
 redis.call('ZREM', KEYS[2], KEYS[1])
 
 local field = ARGV[9]

@@ -2,16 +2,22 @@
 --
 -- KEYS[1] task record   KEYS[2] leases   KEYS[3] metrics totals
 -- KEYS[4] metrics minute   KEYS[5] config version   KEYS[6] chat queue or record
+-- KEYS[7] the task's tombstone (written by finish.lua)
 -- ARGV: 1 task id, 2 attempt carried by the message, 3 owner (host:pid:thread),
 --   4 now ms, 5 lease ms, 6 max deliveries, 7 owner known dead ('' if none),
 --   8 metric field suffix ('lane|type'), 9 queue-latency bucket label or '',
 --   10 queue latency in seconds
--- Returns {'run', deliveries, config_version} | {'gone'} (finished, or never
---   accepted) | {'stale'} | {'busy', owner} | {'nothead'} | {'poison', deliveries}
+-- Returns {'run', deliveries, config_version} | {'finished', 'done|<result>' or
+--   'dead|null'} | {'gone'} (never accepted, or finished long ago) | {'stale'}
+--   | {'busy', owner} | {'nothead'} | {'poison', deliveries}
 
 local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat')
 local st = f[1]
-if not st then return {'gone'} end
+if not st then
+  local tomb = redis.call('GET', KEYS[7])
+  if tomb then return {'finished', tomb} end
+  return {'gone'}
+end
 if tonumber(ARGV[2]) < tonumber(f[2]) then return {'stale'} end
 local now = tonumber(ARGV[4])
 if st == 'running' and f[3] ~= ARGV[3] and f[3] ~= ARGV[7] then

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +20,23 @@ def chat_keys(rc, chats: list[str]) -> list[bytes]:
     prefixes = tuple(keys.chat_queue(c).encode() for c in chats) + tuple(
         keys.chat_record_prefix(c).encode() for c in chats)
     return [k for k in rc.scan_iter("dispatch:chat:*", count=1000) if k.startswith(prefixes)]
+
+
+def diagnose(rc, lane: str, sink) -> str:
+    """What is stuck where, printed when a drain times out."""
+    lines = [f"applied={len(sink.sink.applied)} attempts={len(sink.sink.attempts)}",
+             f"lists={ {k: rc.llen(k) for k in keys.lane_queues(lane) if rc.llen(k)} }",
+             f"delayed={rc.zcard(keys.lane_delayed(lane))} leases={rc.zcard(keys.LEASES)}",
+             f"unacked={rc.hlen('unacked')} chats_index={rc.zcard(keys.chat_index())}"]
+    for chat, _ in rc.zrange(keys.chat_index(), 0, 5, withscores=True):
+        chat = chat.decode()
+        head = rc.lindex(keys.chat_queue(chat), 0)
+        record = keys.task_record(head.decode(), chat) if head else None
+        state = rc.hgetall(record) if record else {}
+        state.pop(b"msg", None)
+        lines.append(f"chat {chat}: len={rc.llen(keys.chat_queue(chat))} head={head} "
+                     f"lease={rc.zscore(keys.LEASES, record) if record else None} state={state}")
+    return "\n".join(lines)
 
 
 def drained(rc, lane: str) -> bool:
@@ -52,8 +70,12 @@ def test_order_under_stress_many_chats_two_workers(start_worker, sink, rc):
         list(pool.map(send, groups))
     total = chats * per_chat
     assert sum(len(v) for v in accepted.values()) == total
-    wait_until(lambda: sum(sink.sink.applied.values()) >= total and drained(rc, lane), timeout=240,
-               interval=0.5, what="all messages delivered")
+    try:
+        wait_until(lambda: sum(sink.sink.applied.values()) >= total and drained(rc, lane), timeout=240,
+                   interval=0.5, what="all messages delivered")
+    except AssertionError:
+        print(diagnose(rc, lane, sink))
+        raise
     time.sleep(0.5)
     assert len(sink.sink.applied) == total  # every accepted message delivered
     assert all(n == 1 for n in sink.sink.applied.values())  # the sink saw each key applied once
@@ -205,8 +227,14 @@ def test_duplicate_delivery_of_a_finished_task_is_dropped_and_acked(start_worker
     raw = rc.lrange(queue, 0, -1)[0]
     start_worker(lane, concurrency=1)
     result.get(timeout=20)
+    from django_celery_results.models import TaskResult
+
+    # As if the worker died after finishing but before Celery stored the result:
+    TaskResult.objects.filter(task_id=result.task_id).delete()
     rc.lpush(queue, raw)  # the same message again, as a redelivery would bring it
     wait_until(lambda: lane_depth(rc, lane) == 0, timeout=20, what="duplicate consumed")
+    row = wait_until(lambda: TaskResult.objects.filter(task_id=result.task_id).first(), what="result re-stored")
+    assert row.status == "SUCCESS" and json.loads(row.result) == {"status": 200}
     time.sleep(1.0)
     assert len(sink.sink.attempts) == 1  # not run twice
     assert rc.hlen("unacked") == 0  # and acknowledged, not left for redelivery

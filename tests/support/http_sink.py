@@ -26,6 +26,7 @@ class Attempt:
     body: dict
     status: int
     at: float
+    started: float = 0.0  # when the request reached the sink (``at`` is when it answered)
 
 
 @dataclass
@@ -50,21 +51,33 @@ class Sink:
     seen_keys: dict[str, int] = field(default_factory=dict)
 
     def handle(self, headers: dict, body: dict) -> tuple[int, dict]:
+        started = time.time()
         key = unquote(headers.get("Idempotency-Key", ""))
         chat = unquote(headers.get("X-Dispatch-Chat-Id", ""))
         b = self.behaviour
         with self.lock:
             n = self.seen_keys[key] = self.seen_keys.get(key, 0) + 1
-            if chat:
-                self.in_flight[chat] = self.in_flight.get(chat, 0) + 1
-                if self.in_flight[chat] > 1:
-                    self.overlaps.append(chat)
+            # Requests without a chat are counted under "" (in flight, not overlaps).
+            self.in_flight[chat] = self.in_flight.get(chat, 0) + 1
+            if chat and self.in_flight[chat] > 1:
+                self.overlaps.append(chat)
         try:
+            # A payload may ask for its own behaviour: sink_delay_s, sink_status (always),
+            # sink_fail_first (503 to its first N attempts) and sink_retry_after.
             low, high = b.delay_s
-            if high > 0:
+            own_delay = body.get("sink_delay_s")
+            if isinstance(own_delay, (int, float)):
+                time.sleep(own_delay)
+            elif high > 0:
                 time.sleep(random.uniform(low, high))
             status = 200
-            if b.always_status is not None:
+            retry_after = b.retry_after
+            if isinstance(body.get("sink_status"), int):
+                status = body["sink_status"]
+            elif isinstance(body.get("sink_fail_first"), int) and n <= body["sink_fail_first"]:
+                status = 503
+                retry_after = body.get("sink_retry_after") or retry_after
+            elif b.always_status is not None:
                 status = b.always_status
             elif n <= b.fail_first:
                 status = b.fail_status
@@ -72,17 +85,16 @@ class Sink:
                 status = b.fail_status
             with self.lock:
                 self.attempts.append(Attempt(key, chat, int(headers.get("X-Dispatch-Attempt", "0") or 0),
-                                             headers, body, status, time.time()))
+                                             headers, body, status, time.time(), started))
                 if status == 200 and key not in self.applied:
                     self.order.setdefault(chat, []).append(body.get("seq"))
                 if status == 200:
                     self.applied[key] = self.applied.get(key, 0) + 1
-            extra = {"Retry-After": b.retry_after} if b.retry_after and status != 200 else {}
+            extra = {"Retry-After": str(retry_after)} if retry_after and status != 200 else {}
             return status, extra
         finally:
-            if chat:
-                with self.lock:
-                    self.in_flight[chat] -= 1
+            with self.lock:
+                self.in_flight[chat] -= 1
 
     def attempts_for(self, key: str) -> list[Attempt]:
         with self.lock:
