@@ -128,9 +128,12 @@ REDIS_URL = os.environ.get("REDIS_URL") or (
 #: Seconds a running task's claim, and the broker's visibility timeout, last
 #: without renewal: a crashed worker's task is redelivered within about this.
 DISPATCH_LEASE_S = float(os.environ.get("DISPATCH_LEASE_S", "30"))
-#: Seconds a published-but-not-started chat head may wait before the recovery
-#: sweep republishes it (duplicates are harmless: execution claims dedupe them).
-DISPATCH_QUEUED_LEASE_S = float(os.environ.get("DISPATCH_QUEUED_LEASE_S", "600"))
+#: Seconds after which the recovery sweep checks that a published, not yet
+#: started task is still in the broker, and republishes it if not (a worker
+#: killed between kombu's pop and its unacked record loses the message: the
+#: fault campaign found a chat blocked for this long). Was 600; a task that
+#: merely waits longer in a backlog is found there and not copied.
+DISPATCH_QUEUED_LEASE_S = float(os.environ.get("DISPATCH_QUEUED_LEASE_S", "60"))
 #: Deliveries of one attempt whose worker died before it finished: past this the
 #: task is a dead letter with reason ``poison``.
 DISPATCH_MAX_DELIVERIES = int(os.environ.get("DISPATCH_MAX_DELIVERIES", "3"))

@@ -21,6 +21,10 @@ from tasks import config
 
 logger = logging.getLogger(__name__)
 BATCH = 500
+#: kombu's Redis hash of reserved (delivered, unacknowledged) messages, by delivery tag.
+BROKER_UNACKED_KEY = "unacked"
+#: How many entries of a lane list the sweep searches (from the consuming end) for a queued copy.
+SWEEP_SEARCH_DEPTH = 1000
 
 
 def promote_due(lanes: list[str] | None = None) -> int:
@@ -36,10 +40,10 @@ def promote_due(lanes: list[str] | None = None) -> int:
 
 def sweep() -> tuple[int, int]:
     """Republish tasks whose lease expired; returns (republished, forgotten)."""
-    republished, forgotten = script("sweep")(
+    republished, forgotten, _waiting = script("sweep")(
         keys=[keys.LEASES],
         args=[int(time.time() * 1000), BATCH, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-              keys.lane_delayed("")],
+              keys.lane_delayed(""), BROKER_UNACKED_KEY, SWEEP_SEARCH_DEPTH],
     )
     if republished:
         logger.warning("sweep_republished count=%d", republished)

@@ -1,20 +1,31 @@
 -- sweep.lua: republish tasks whose lease expired (their worker or publisher died).
 --
 -- KEYS[1] leases
--- ARGV: 1 now ms, 2 most to handle, 3 queued lease ms, 4 delayed-set key prefix
--- Returns {republished, forgotten}.
+-- ARGV: 1 now ms, 2 most to handle, 3 queued lease ms, 4 delayed-set key prefix,
+--   5 kombu's unacked hash key, 6 how deep to search a lane list for a copy
+-- Returns {republished, forgotten, still_waiting}.
 --
 -- A republished copy may meet an earlier copy still in the broker; execution
 -- claims (start.lua) let only one of them run, so over-publishing is safe and
 -- a lost publish is not.
+--
+-- A queued task whose lease ran out is republished only if its copy is no
+-- longer in the broker: kombu pops a message (BRPOP) before it records it as
+-- unacked, so a worker killed in between loses it. The queued lease can then
+-- be short (the fault campaign found a chat blocked for the whole lease),
+-- without every task that merely waits long in a backlog getting copies.
 
 local now = tonumber(ARGV[1])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
-local republished, forgotten = 0, 0
+local republished, forgotten, waiting = 0, 0, 0
+local window = tonumber(ARGV[6])
 for _, record in ipairs(expired) do
   local f = redis.call('HMGET', record, 'st', 'lane')
   local st = f[1]
-  if st == 'queued' or st == 'running' or st == 'retry' then
+  if st == 'queued' and still_in_broker(record, ARGV[5], window) ~= false then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), record)  -- still waiting: look again later
+    waiting = waiting + 1
+  elseif st == 'queued' or st == 'running' or st == 'retry' then
     if st == 'retry' then redis.call('ZREM', ARGV[4] .. f[2], record) end
     if publish_record(record, KEYS[1], now + tonumber(ARGV[3])) then
       republished = republished + 1
@@ -27,4 +38,4 @@ for _, record in ipairs(expired) do
     forgotten = forgotten + 1
   end
 end
-return {republished, forgotten}
+return {republished, forgotten, waiting}

@@ -1,0 +1,62 @@
+"""Fixtures of the fault campaign, and its report (``FAULTS.md`` when run by ``make faults``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.faults import report
+from tests.faults.harness import ARTIFACTS, LONG, FaultCluster
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/faults/" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.faults)
+
+
+@pytest.fixture
+def cluster_factory(tmp_root):
+    """Start ``FaultCluster``s (own Redis each); all are closed when the test ends."""
+    from tests.support.http_sink import SinkServer
+
+    made: list[FaultCluster] = []
+    sinks: list[SinkServer] = []
+
+    def make(**kwargs) -> FaultCluster:
+        sink = SinkServer().__enter__()
+        sinks.append(sink)
+        cluster = FaultCluster(tmp_root, sink, **kwargs)
+        made.append(cluster)
+        return cluster.start()
+
+    yield make
+    for cluster in made:
+        cluster.close()
+    for sink in sinks:
+        sink.__exit__(None, None, None)
+
+
+@pytest.fixture
+def record():
+    """Keep a scenario's report for FAULTS.md (and test-artifacts/faults-results.jsonl)."""
+
+    def keep(scenario_id: str, rep, started: float) -> None:
+        row = {"id": scenario_id, "long": LONG, "seconds": round(time.time() - started, 1), **rep.as_dict()}
+        ARTIFACTS.mkdir(exist_ok=True)
+        with open(report.RESULTS, "a") as fh:
+            fh.write(json.dumps(row, default=str) + "\n")
+        print(rep.summary())
+
+    return keep
+
+
+# Imported once per session, at collection: start this run's results afresh.
+report.RESULTS.unlink(missing_ok=True)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if LONG and report.RESULTS.exists():
+        report.write_faults_md()

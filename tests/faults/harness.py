@@ -1,0 +1,271 @@
+"""What every fault scenario shares: its own Redis, workers, the load generator, the drain, the check.
+
+A ``FaultCluster`` owns a redis-server of its own (own port, own AOF folder, so
+it can be killed, paused and restarted without touching the session's), the
+workers pointed at it through ``REDIS_URL``, and the load generator
+subprocesses. ``close()`` stops everything it started, by PID or by the process
+group it created, and copies logs to ``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+
+from lanes import keys
+from tests.faults.checker import Delivery, Op, Report, check
+from tests.support.helpers import define, unique
+from tests.support.redis_server import RedisServer
+from tests.support.workers import ROOT, Worker
+
+LONG = os.environ.get("FAULTS_LONG") == "1"
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+def pick(short, long):
+    """The short campaign's value (``make test``) or the long one's (``make faults``)."""
+    return long if LONG else short
+
+
+class LoadRun:
+    """One load generator subprocess and its history file."""
+
+    def __init__(self, cluster: FaultCluster, spec: dict) -> None:
+        self.spec = spec
+        name = unique("load")
+        self.spec_path = cluster.dir / f"{name}.json"
+        self.history_path = cluster.dir / f"{name}.jsonl"
+        self.log_path = cluster.dir / f"{name}.log"
+        self.spec_path.write_text(json.dumps(spec))
+        self.started = time.time()
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.faults.loadgen", str(self.spec_path), str(self.history_path)],
+            cwd=ROOT, env={**os.environ, **cluster.env}, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.ended: float | None = None
+
+    def wait(self, timeout: float) -> None:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"load generator still running after {timeout}s; log: {self.log_path}") from None
+        self.ended = time.time()
+        assert self.proc.returncode == 0, f"load generator failed; log:\n{self.log_path.read_text()[-3000:]}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.ended = self.ended or time.time()
+
+    def entries(self) -> list[dict]:
+        if not self.history_path.exists():
+            return []
+        return [json.loads(line) for line in self.history_path.read_text().splitlines() if line.strip()]
+
+    def ops(self) -> list[Op]:
+        return [Op(e["chat"], e["seq"], e["key"], e["accepted"], e["task_id"], e["reason"], e["kind"])
+                for e in self.entries()]
+
+
+class FaultCluster:
+    def __init__(self, tmp: Path, sink=None, *, appendfsync: str = "always", env: dict | None = None) -> None:
+        self.dir = tmp / unique("faults")
+        self.dir.mkdir(parents=True)
+        self.redis = RedisServer(self.dir / "redis", secrets.token_urlsafe(12), appendfsync=appendfsync)
+        self.sink = sink
+        # The test suite's lease (6 s) and the production ratio of queued lease to lease (60:30).
+        self.env = {"REDIS_URL": self.redis.url, "DISPATCH_LEASE_S": "6", "DISPATCH_QUEUED_LEASE_S": "12",
+                    **(env or {})}
+        self.workers: list[Worker] = []
+        self.loads: list[LoadRun] = []
+        self.types: list[str] = []
+        self.paused = False
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> FaultCluster:
+        self.redis.start()
+        return self
+
+    def close(self) -> None:
+        for load in self.loads:
+            load.stop()
+        if self.paused:
+            self.redis_resume()
+        for worker in self.workers:
+            worker.stop(timeout=20)
+        self.redis.stop(kill=True)
+        ARTIFACTS.mkdir(exist_ok=True)
+        for log in [*(w.log_path for w in self.workers), *(ld.log_path for ld in self.loads),
+                    self.dir / "redis" / "redis.log"]:
+            if log.exists():
+                shutil.copy(log, ARTIFACTS / f"{self.dir.name}-{log.name}")
+
+    def client(self) -> redis.Redis:
+        return self.redis.client()
+
+    # -- configuration ---------------------------------------------------------
+    def define(self, type_name: str, **fields) -> None:
+        """Define a task type in the database; running processes see it at their next call."""
+        define(type_name, **fields)
+        self.types.append(type_name)
+        if self.redis.proc is not None:
+            self.client().incr(keys.CONFIG_VERSION)
+
+    def http_type(self, lane: str, *, chat_queue_size: int = 256, **fields) -> str:
+        name = unique("f-http")
+        fields.setdefault("policy", {"max_retries": 8, "initial_backoff": 0.2, "multiplier": 2.0, "max_backoff": 2.0,
+                                     "jitter": 0.2})
+        self.define(name, handler="http.post", lane=lane, chat_scoped=True, chat_queue_size=chat_queue_size,
+                    options={"url": self.sink.url}, timeout=600, attempt_timeout=10, **fields)
+        return name
+
+    # -- processes ---------------------------------------------------------------
+    def worker(self, queues: str, *, pool: str = "prefork", concurrency: int = 2, env: dict | None = None,
+               extra: list[str] | None = None) -> Worker:
+        worker = Worker(queues, self.dir / "logs", pool=pool, concurrency=concurrency,
+                        env={**self.env, **(env or {})}, extra=extra)
+        self.workers.append(worker)
+        return worker.start()
+
+    def load(self, spec: dict) -> LoadRun:
+        run = LoadRun(self, spec)
+        self.loads.append(run)
+        return run
+
+    def constant_load(self, type_name: str, *, rate: float, duration: float, chats: int, threads: int = 8,
+                      retry_for: float = 60, mix: list[dict] | None = None) -> LoadRun:
+        return self.load({"run": unique("r"), "chats": chats, "rate": rate, "duration": duration,
+                          "threads": threads, "retry_for": retry_for,
+                          "mix": mix or [{"kind": "ok", "type": type_name, "weight": 1, "payload": {}}]})
+
+    @staticmethod
+    def kill_main(worker: Worker) -> None:
+        """SIGKILL the worker's main process only; its pool children are orphaned."""
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.proc.wait(timeout=10)
+
+    @staticmethod
+    def reap(worker: Worker) -> None:
+        """SIGKILL whatever is left of a worker's process group (orphaned pool children)."""
+        try:
+            os.killpg(worker.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def redis_kill(self) -> None:
+        self.redis.stop(kill=True)
+
+    def redis_restart(self) -> None:
+        self.redis.start()
+
+    def redis_pause(self) -> None:
+        os.kill(self.redis.proc.pid, signal.SIGSTOP)
+        self.paused = True
+
+    def redis_resume(self) -> None:
+        os.kill(self.redis.proc.pid, signal.SIGCONT)
+        self.paused = False
+
+    def sweep_republished(self) -> int:
+        """Messages the workers' recovery sweep had to republish (lease ran out or copy gone)."""
+        total = 0
+        for worker in self.workers:
+            for match in re.finditer(r"sweep_republished count=(\d+)", worker.log_text()):
+                total += int(match.group(1))
+        return total
+
+    # -- state ---------------------------------------------------------------------
+    def residue(self, lanes: list[str]) -> dict[str, int]:
+        """What the platform still holds in Redis for ``lanes`` (all zero once drained)."""
+        c = self.client()
+        out = {
+            "lane_messages": sum(c.llen(q) for lane in lanes for q in keys.lane_queues(lane)),
+            "delayed": sum(c.zcard(keys.lane_delayed(lane)) for lane in lanes),
+            "leases": c.zcard(keys.LEASES),
+            "chat_keys": sum(1 for _ in c.scan_iter(keys.PREFIX + "chat:{*", count=1000)),
+            "unacked": c.hlen("unacked"),
+        }
+        return {k: v for k, v in out.items() if v}
+
+    def held(self, ops: list[Op]) -> set[str]:
+        """Task ids of accepted ops whose record still exists in Redis (stuck, not lost)."""
+        c = self.client()
+        pipe = c.pipeline(transaction=False)
+        accepted = [op for op in ops if op.accepted]
+        for op in accepted:
+            pipe.exists(keys.task_record(op.task_id, op.chat))
+        return {op.task_id for op, found in zip(accepted, pipe.execute(), strict=True) if found}
+
+
+def dead_letters(types: list[str]) -> dict[str, str]:
+    from tasks.models import DeadLetter
+
+    return dict(DeadLetter.objects.filter(task_type__in=types).values_list("task_id", "reason"))
+
+
+def deliveries(sink, run_prefixes: list[str]) -> list[Delivery]:
+    with sink.lock:
+        attempts = list(sink.attempts)
+    out = []
+    for a in attempts:
+        if not any(a.key.startswith(p + ":") for p in run_prefixes):
+            continue
+        seq = a.body.get("seq")
+        out.append(Delivery(a.key, a.headers.get("X-Dispatch-Task-Id", ""), a.chat,
+                            seq if isinstance(seq, int) else None, a.status, a.started, a.at))
+    return out
+
+
+def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, drain_bound: float,
+                    lanes: list[str], settle: float = 2.0) -> Report:
+    """Wait until every accepted message is applied or dead (within ``drain_bound`` s of the load's
+    end), let late redeliveries show for ``settle`` s, then run the checker."""
+    sink = cluster.sink.sink
+    ops = [op for load in loads for op in load.ops()]
+    runs = [load.spec["run"] for load in loads if "run" in load.spec]
+    load_end = max((load.ended or time.time()) for load in loads)
+    accepted = [op for op in ops if op.accepted]
+    deadline = load_end + drain_bound
+    drain_s = None
+    while True:
+        with sink.lock:
+            applied = {k for k, n in sink.applied.items() if n}
+        dead = dead_letters(cluster.types)
+        pending = [op for op in accepted if op.key not in applied and op.task_id not in dead]
+        if not pending:
+            drain_s = round(max(0.0, time.time() - load_end), 1)
+            break
+        if time.time() > deadline:
+            break
+        time.sleep(0.5)
+    residue_deadline = time.time() + 20
+    while cluster.residue(lanes) and time.time() < residue_deadline:
+        time.sleep(0.5)
+    time.sleep(settle)
+    dead = dead_letters(cluster.types)
+    report = check(ops, deliveries(sink, runs), dead, scenario=scenario, held=cluster.held(ops))
+    report.drain_s = drain_s
+    residue = cluster.residue(lanes)
+    if residue:
+        report.notes.append(f"left in Redis after the drain: {residue}")
+        report.extra["residue"] = residue
+    return report
