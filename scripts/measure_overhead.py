@@ -14,8 +14,11 @@ One run: a worker (prefork, as ``make run`` starts it) is started and warmed up,
 then this process dispatches N no-op tasks as fast as it can while the worker
 runs them; throughput = N / (first dispatch .. lane empty and no lease left).
 Also reported: Redis commands per task (INFO commandstats, Lua's inner calls
-included). Usage: ``.venv/bin/python scripts/measure_overhead.py [--tasks 4000]
-[--rounds 3] [--concurrency 2] [--json]``.
+included; background polling adds to it in proportion to the run's length) and
+the metric commands alone (HINCRBY, HINCRBYFLOAT, EXPIRE) per task.
+
+Usage: ``.venv/bin/python scripts/measure_overhead.py [--tasks 4000] [--rounds 3]
+[--concurrency 2] [--json]``.
 """
 
 from __future__ import annotations
@@ -42,8 +45,25 @@ VARIANTS = {
 LANE, TYPE = "ovh", "ovh.noop"
 
 
-def _commands(client) -> int:
-    return sum(int(v["calls"]) for k, v in client.info("commandstats").items() if k.startswith("cmdstat_"))
+#: The commands the metrics use (inside the scripts); nothing else on the task path issues them.
+METRIC_COMMANDS = ("hincrby", "hincrbyfloat", "expire")
+
+
+def _commands(client) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in client.info("commandstats").items()
+            if k.startswith("cmdstat_")}
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """User + system CPU seconds of processes so far (from /proc; 0 for one that is gone)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _drained(client) -> bool:
@@ -68,7 +88,7 @@ def _set_variant(name: str) -> None:
         noop_receivers.connect()
 
 
-def run_once(variant: str, n: int, concurrency: int, logs: Path, client) -> dict:
+def run_once(variant: str, n: int, concurrency: int, logs: Path, client, redis_pid: int) -> dict:
     from tasks.dispatch import dispatch
     from tests.support.workers import Worker
 
@@ -84,6 +104,8 @@ def run_once(variant: str, n: int, concurrency: int, logs: Path, client) -> dict
                 raise RuntimeError("warm-up did not drain")
             time.sleep(0.05)
         commands_before = _commands(client)
+        pids = [worker.pid, *worker.children(), redis_pid]
+        cpu_before, own_before = _cpu_s(pids), time.process_time()
         t0 = time.perf_counter()
         for _ in range(n):
             if not dispatch.delay(TYPE, {}).accepted:
@@ -92,11 +114,15 @@ def run_once(variant: str, n: int, concurrency: int, logs: Path, client) -> dict
         while not _drained(client):
             time.sleep(0.01)
         elapsed = time.perf_counter() - t0
-        commands = _commands(client) - commands_before
+        cpu = _cpu_s(pids) - cpu_before + time.process_time() - own_before
+        after = _commands(client)
+        commands = sum(after.values()) - sum(commands_before.values())
+        metric_commands = sum(after.get(c, 0) - commands_before.get(c, 0) for c in METRIC_COMMANDS)
     finally:
         worker.stop(timeout=30)
     return {"variant": variant, "tasks": n, "seconds": round(elapsed, 3), "tasks_per_s": round(n / elapsed, 1),
-            "dispatch_s": round(dispatched - t0, 3), "redis_commands_per_task": round(commands / n, 2)}
+            "dispatch_s": round(dispatched - t0, 3), "redis_commands_per_task": round(commands / n, 2),
+            "metric_commands_per_task": round(metric_commands / n, 2), "cpu_ms_per_task": round(cpu * 1000 / n, 3)}
 
 
 def main() -> int:
@@ -132,7 +158,7 @@ def main() -> int:
         for round_no in range(opts.rounds):
             order = names[round_no % len(names):] + names[:round_no % len(names)]
             for variant in order:
-                result = run_once(variant, opts.tasks, opts.concurrency, tmp / "logs", client)
+                result = run_once(variant, opts.tasks, opts.concurrency, tmp / "logs", client, server.proc.pid)
                 result["round"] = round_no + 1
                 results.append(result)
                 if not opts.json:
@@ -141,11 +167,21 @@ def main() -> int:
         for variant in names:
             rates = [r["tasks_per_s"] for r in results if r["variant"] == variant]
             cmds = [r["redis_commands_per_task"] for r in results if r["variant"] == variant]
+            metric_cmds = [r["metric_commands_per_task"] for r in results if r["variant"] == variant]
+            cpu = [r["cpu_ms_per_task"] for r in results if r["variant"] == variant]
+            # Paired with the "off" run of the same round: contention from outside hits both alike.
+            ratios = [r["tasks_per_s"] / off["tasks_per_s"] for r in results if r["variant"] == variant
+                      for off in results if off["variant"] == "off" and off["round"] == r["round"]]
             summary[variant] = {"median_tasks_per_s": statistics.median(rates), "runs": rates,
-                                "redis_commands_per_task": statistics.median(cmds)}
-        base = summary["off"]["median_tasks_per_s"]
+                                "median_throughput_vs_off_same_round_pct": round(
+                                    (statistics.median(ratios) - 1) * 100, 1),
+                                "median_cpu_ms_per_task": statistics.median(cpu),
+                                "redis_commands_per_task": statistics.median(cmds),
+                                "metric_commands_per_task": statistics.median(metric_cmds)}
+        base_cpu = summary["off"]["median_cpu_ms_per_task"]
         for variant in names:
-            summary[variant]["vs_off_pct"] = round((summary[variant]["median_tasks_per_s"] / base - 1) * 100, 1)
+            summary[variant]["cpu_vs_off_pct"] = round(
+                (summary[variant]["median_cpu_ms_per_task"] / base_cpu - 1) * 100, 1)
         print(json.dumps({"summary": summary, "runs": results} if opts.json else {"summary": summary}, indent=2))
     finally:
         server.stop()
