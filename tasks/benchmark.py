@@ -120,6 +120,8 @@ class Row:
     low: float | None = None
     high: float | None = None
     ratio: float | None = None  # median / plain Celery's median
+    cpu_ms_total: float | None = None  # producer + workers + Redis CPU per task
+    cpu_ratio: float | None = None  # plain Celery's CPU per task / this one's: the ratio if CPU-bound, less noisy
     rates: list[float] = field(default_factory=list)
     cpu_ms_per_task: dict[str, float] = field(default_factory=dict)
     redis_commands_per_task: float | None = None
@@ -170,6 +172,7 @@ def machine_info() -> dict[str, Any]:
 
     redis_version = subprocess.run([REDIS_SERVER_PATH, "--version"], capture_output=True, text=True).stdout.split()
     return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "kernel": platform.release(),
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
             "redis_server": next((w[2:] for w in redis_version if w.startswith("v=")), None), **versions}
 
 
@@ -406,6 +409,7 @@ class Bench:
         report.rows = summarize(report.measurements, systems, [w for w in WORKLOADS if w in self.o.workloads],
                                 {(w, s): self.describe_workers(s, w) for w in WORKLOADS for s in systems})
         report.seconds = round(time.monotonic() - started, 1)
+        report.machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
         return report
 
 
@@ -439,7 +443,7 @@ def summarize(measurements: list[Measurement], systems: list[str], workloads: li
               workers: dict[tuple[str, str], str]) -> list[Row]:
     rows = []
     for workload in workloads:
-        base = None
+        base = base_cpu = None
         for system in systems:
             ms = [m for m in measurements if m.workload == workload and m.system == system]
             ok = [m for m in ms if m.rate]
@@ -459,18 +463,23 @@ def summarize(measurements: list[Measurement], systems: list[str], workloads: li
                 values = [getattr(m, attr) for m in ok if getattr(m, attr) is not None]
                 setattr(row, attr, round(statistics.median(values), 2) if values else None)
             row.commands_by_name = ok[len(ok) // 2].commands_by_name
+            row.cpu_ms_total = round(sum(row.cpu_ms_per_task.values()), 3) if row.cpu_ms_per_task else None
             failed = [m.error for m in ms if m.error]
             if failed:
                 row.status = f"{len(failed)} of {len(ms)} rounds failed: {failed[0]}"
             if system == "celery":
                 base = row.median
+                base_cpu = row.cpu_ms_total
             if base:
                 row.ratio = round(row.median / base, 2)
+            if base_cpu and row.cpu_ms_total and workload != "dispatch":
+                row.cpu_ratio = round(base_cpu / row.cpu_ms_total, 2)
             rows.append(row)
     return rows
 
 
 TABLE_COLUMNS = ["workload", "system", "median/s", "[min-max]", "x celery", "cpu ms/task prod|main|pool|redis",
+                 "cpu x celery",
                  "redis cmds/task", "round trips/task", "sql/task (writes)", "workers", "status"]
 
 
@@ -482,6 +491,7 @@ def table_rows(report: BenchReport) -> list[dict[str, Any]]:
             "workload": r.workload, "system": r.system, "median/s": r.median,
             "[min-max]": f"[{r.low:.0f}-{r.high:.0f}]" if r.median is not None else None,
             "x celery": r.ratio,
+            "cpu x celery": r.cpu_ratio,
             "cpu ms/task prod|main|pool|redis": "|".join(f"{cpu[k]:.2f}" if k in cpu else "-"
                                                          for k in ("producer", "worker_main", "worker_pool", "redis"))
             if cpu else None,

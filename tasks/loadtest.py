@@ -130,7 +130,7 @@ class LoadTest:
         self.rng = random.Random(options.seed)
         self.chat_seq: dict[int, int] = {}
         self.own_round_trips = 0  # Redis requests this process made that are not dispatches
-        self.own_commands = 0
+        self.own_commands: Counter = Counter()  # by name, to take out of INFO commandstats
         probe.install()
         snap = config.refresh_if_changed()
         tc = snap.types.get(options.type_name)
@@ -186,7 +186,7 @@ class LoadTest:
             payload_base["drop_every"] = o.drop_every
 
         before_stats = self._commandstats()
-        self.own_commands, self.own_round_trips = 1, 0  # the INFO above shows up in the next snapshot
+        self.own_commands, self.own_round_trips = Counter(info=1), 0  # the INFO above shows in the next snapshot
         before_probe = probe.read_dir(o.probe_dir) if o.probe_dir else {}
         before_local = probe.snapshot()
         before_rows = _result_rows()
@@ -296,7 +296,7 @@ class LoadTest:
                     pipe.hget(keys.task_record(task_id, chat), "st")
                 states = pipe.execute()
                 self.own_round_trips += 1
-                self.own_commands += len(batch)
+                self.own_commands["hget"] += len(batch)
                 still += [t for t, st in zip(batch, states, strict=True) if st not in (b"done", b"dead", None)]
                 if still:  # tasks finish roughly in order: no need to look further this round
                     still += unresolved[lo + 2000:]
@@ -329,7 +329,6 @@ class LoadTest:
     def _commandstats(self) -> dict[str, int]:
         info = self.r.info("commandstats")
         self.own_round_trips += 1
-        self.own_commands += 1
         return {name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()}
 
     def _costs(self, step: StepReport, before: dict, after: dict, before_probe: dict, after_probe: dict,
@@ -337,11 +336,11 @@ class LoadTest:
         tasks = step.accepted
         if not tasks:
             return
-        delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-        delta = {k: v for k, v in delta.items() if v > 0}
         own = self.own_commands
-        self.own_commands = 0
-        total = sum(delta.values()) - own
+        self.own_commands = Counter()
+        delta = {k: after.get(k, 0) - before.get(k, 0) - own.get(k, 0) for k in after}
+        delta = {k: v for k, v in delta.items() if v > 0}
+        total = sum(delta.values())
         step.redis_commands_per_task = round(total / tasks, 2)
         step.platform_commands_per_task = round((total - SINK_COMMANDS_PER_TASK * step.applied) / tasks, 2)
         step.evalsha_per_task = round((delta.get("evalsha", 0) + delta.get("eval", 0)) / tasks, 2)
@@ -394,7 +393,7 @@ class _Monitor:
             except Exception:  # noqa: BLE001 - a missed sample is not worth stopping the test
                 continue
             t.own_round_trips += 1
-            t.own_commands += len(queues) + 3
+            t.own_commands.update(llen=len(queues), get=1, zcard=1, hlen=1)
             depth = sum(int(v or 0) for v in values[:-1])
             applied = int(values[-1] or 0)
             self.peak_depth = max(self.peak_depth, depth)
