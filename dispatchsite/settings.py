@@ -134,6 +134,9 @@ DISPATCH_LEASE_S = float(os.environ.get("DISPATCH_LEASE_S", "30"))
 #: fault campaign found a chat blocked for this long). Was 600; a task that
 #: merely waits longer in a backlog is found there and not copied.
 DISPATCH_QUEUED_LEASE_S = float(os.environ.get("DISPATCH_QUEUED_LEASE_S", "60"))
+#: Seconds any call to Redis by the platform (dispatch, workers' bookkeeping) may take
+#: before it fails: dispatch then answers ``unavailable`` instead of hanging.
+DISPATCH_REDIS_TIMEOUT_S = float(os.environ.get("DISPATCH_REDIS_TIMEOUT_S", "5"))
 #: Deliveries of one attempt whose worker died before it finished: past this the
 #: task is a dead letter with reason ``poison``.
 DISPATCH_MAX_DELIVERIES = int(os.environ.get("DISPATCH_MAX_DELIVERIES", "3"))

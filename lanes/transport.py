@@ -10,12 +10,27 @@ from __future__ import annotations
 
 import logging
 
+import redis
 from kombu.transport import redis as kombu_redis
 
 logger = logging.getLogger(__name__)
 
 
 class Channel(kombu_redis.Channel):
+    def _connparams(self, asynchronous=False):
+        # When Redis goes away, Celery closes the broker connection, and kombu
+        # detaches the transport from it before every channel is closed. A
+        # channel closed after that (or a running task's ack on it) needs a new
+        # client to hand back its unacknowledged messages and fails with an
+        # AttributeError, which Celery treats as unrecoverable: the worker
+        # exited on a Redis restart (found by the fault campaign). Raise a
+        # connection error instead, which Celery and kombu expect there: the
+        # worker reconnects, and the messages stay in Redis's unacked hash, from
+        # where kombu returns them to their queue after the visibility timeout.
+        if self.connection.client is None:
+            raise redis.exceptions.ConnectionError("the broker connection was already closed")
+        return super()._connparams(asynchronous=asynchronous)
+
     def _brpop_read(self, **options):
         try:
             return super()._brpop_read(**options)

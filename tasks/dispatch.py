@@ -86,7 +86,7 @@ def admit(
     try:
         snap = config.current()
     except redis.RedisError as exc:
-        return DispatchResult(accepted=False, reason="unavailable", detail=f"Redis unreachable: {exc}")
+        return _unavailable(exc, None)
     task_id = str(uuid.uuid4())
     confirmed = False
     for _ in range(4):
@@ -147,13 +147,35 @@ def admit(
             )
         except redis.RedisError as exc:
             logger.warning("dispatch_unavailable type=%s error=%s", tc.name, exc)
-            return DispatchResult(accepted=False, reason="unavailable", detail=f"Redis error: {exc}")
+            return _unavailable(exc, task_id)
         status = reply[0].decode()
         if status == "stale":
-            snap = config.ensure(reply[1].decode())
+            try:
+                snap = config.ensure(reply[1].decode())
+            except redis.RedisError as exc:  # a rejection is a result, never an exception
+                return _unavailable(exc, None)
             continue
         return _interpret(reply, status, task_id, tc, checked, now)
     return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
+
+
+def _unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
+    """``unavailable``, saying whether the admission script may have run.
+
+    An error while connecting (or Redis still loading its data) means the script
+    was never sent: nothing was written. Any other error (a timeout, a connection
+    cut while waiting for the answer) leaves the outcome unknown: the task may be
+    stored. Either way a caller retries with the same idempotency key, which
+    returns the stored task if there is one and never makes a second.
+    """
+    never_sent = task_id is None or isinstance(exc, (redis.AuthenticationError, redis.BusyLoadingError)) or (
+        isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) and "connecting to" in str(exc))
+    if never_sent:
+        detail = f"nothing was written: Redis unreachable ({exc}); retry later"
+    else:
+        detail = (f"outcome unknown: Redis did not answer ({exc}); the task may have been stored as {task_id}; "
+                  "retry with the same idempotency key")
+    return DispatchResult(accepted=False, reason="unavailable", detail=detail)
 
 
 def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, checked, now: float) -> DispatchResult:

@@ -76,9 +76,12 @@ class Report:
     examples: dict[str, list] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     extra: dict = field(default_factory=dict)
+    lost_keys: list[str] = field(default_factory=list, repr=False)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        out = asdict(self)
+        out.pop("lost_keys")
+        return out
 
     def example(self, what: str, item) -> None:
         bucket = self.examples.setdefault(what, [])
@@ -174,6 +177,7 @@ def check(ops: list[Op], deliveries: list[Delivery], dead: dict[str, str], *, sc
             r.example("stuck", op.key)
         else:
             r.lost += 1
+            r.lost_keys.append(op.key)
             r.example("lost", op.key)
 
     # Order: per chat, first applications must follow acceptance order; no two of a chat at once.
