@@ -154,7 +154,11 @@ FLOWER_URL = os.environ.get("FLOWER_URL", f"http://127.0.0.1:{os.environ.get('FL
 DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
 
 CELERY_BROKER_URL = REDIS_URL
-CELERY_RESULT_BACKEND = "django-db"
+# django-celery-results' table, written with one upsert per task (tasks.results).
+CELERY_RESULT_BACKEND = "tasks.results.UpsertBackend"
+# Celery's Django fixup otherwise closes every DB connection around every task,
+# so each task paid a new connection (measured: BENCHMARKS.md, proposal 1).
+CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
 CELERY_RESULT_EXTENDED = True
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_SERIALIZER = "json"

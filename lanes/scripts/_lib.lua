@@ -40,8 +40,10 @@ end
 
 local function count_to(total_key, minute_key, field)
   redis.call('HINCRBY', total_key, field, 1)
-  redis.call('HINCRBY', minute_key, field, 1)
-  redis.call('EXPIRE', minute_key, 1200)
+  -- The minute hash expires 20 minutes after its first count: set it once.
+  if redis.call('HINCRBY', minute_key, field, 1) == 1 and redis.call('TTL', minute_key) < 0 then
+    redis.call('EXPIRE', minute_key, 1200)
+  end
 end
 
 -- A latency observation: one bucket count and the running sum, in seconds.

@@ -30,10 +30,7 @@ local lane, ttype = ARGV[13], ARGV[14]
 local field_base = lane .. '|' .. ttype
 
 local function count(kind, extra)
-  local field = kind .. '|' .. field_base .. (extra or '')
-  redis.call('HINCRBY', KEYS[8], field, 1)
-  redis.call('HINCRBY', KEYS[9], field, 1)
-  redis.call('EXPIRE', KEYS[9], 1200)
+  count_to(KEYS[8], KEYS[9], kind .. '|' .. field_base .. (extra or ''))
 end
 
 if digest ~= '' and ARGV[15] ~= '1' then
