@@ -455,8 +455,8 @@ def table_rows(report: LoadTestReport) -> list[dict[str, Any]]:
             "cmds/task": s.redis_commands_per_task,
             "rt/task": s.redis_round_trips_per_task if s.redis_round_trips_per_task is not None
             else (f"{s.dispatch_round_trips_per_task}+?" if s.dispatch_round_trips_per_task is not None else None),
-            "sql/task": (round(sum(v for k, v in s.sql_per_task.items() if k == "statements"), 2)
-                         if s.sql_per_task else None),
+            "sql/task": (s.sql_per_task.get("statements") if s.sql_per_task
+                         else (f"{s.result_rows_per_task} rows" if s.result_rows_per_task is not None else None)),
             "result": "PASS" if s.passed else "FAIL", "why": s.why,
         })
     return rows
