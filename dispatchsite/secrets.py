@@ -15,8 +15,13 @@ from pathlib import Path
 SECRET_NAMES = ("secret_key", "redis_password", "admin_password", "flower_password", "metrics_token")
 
 
+#: Django's deployment check (security.W009) wants a secret key of at least 50 characters.
+MIN_SECRET_KEY_LEN = 50
+
+
 def _generate() -> dict[str, str]:
-    return {name: secrets.token_urlsafe(36 if name == "secret_key" else 18) for name in SECRET_NAMES}
+    # 50 random bytes: a 67-character key (36 bytes made 48, under Django's minimum of 50).
+    return {name: secrets.token_urlsafe(50 if name == "secret_key" else 18) for name in SECRET_NAMES}
 
 
 def load_secrets(path: Path) -> dict[str, str]:
@@ -25,6 +30,8 @@ def load_secrets(path: Path) -> dict[str, str]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         data = {}
+    if len(data.get("secret_key") or "") < MIN_SECRET_KEY_LEN:
+        data.pop("secret_key", None)  # too short for `check --deploy` (an older file): make a new one
     missing = [name for name in SECRET_NAMES if not data.get(name)]
     if not missing:
         return data

@@ -67,7 +67,9 @@ def check_dispatch(
         raise Invalid("invalid_payload", f"payload must be a JSON object, not {type(payload).__name__}")
     try:
         payload_json = encode_json(payload)
-    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as exc:
+        # RecursionError: nested too deep to encode (the fault campaign's hostile input made
+        # dispatch raise instead of answering; a rejection is a result, never an exception).
         raise Invalid("invalid_payload", f"payload is not valid JSON: {exc}") from None
     size = len(payload_json.encode("utf-8"))
     if size > max_payload_bytes:
@@ -104,7 +106,7 @@ def check_dispatch(
         raise Invalid("invalid_metadata", "metadata must be a JSON object")
     try:
         meta_size = len(encode_json(metadata).encode("utf-8"))
-    except (TypeError, ValueError, UnicodeEncodeError) as exc:
+    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as exc:
         raise Invalid("invalid_metadata", f"metadata is not valid JSON: {exc}") from None
     if meta_size > MAX_METADATA_BYTES:
         raise Invalid("invalid_metadata", f"metadata is {meta_size} bytes; at most {MAX_METADATA_BYTES}")

@@ -63,3 +63,23 @@ def test_sweep_republishes_a_queued_task_only_when_its_copy_left_the_broker(rc, 
     with override_settings(DISPATCH_QUEUED_LEASE_S=60):
         maintenance.sweep()
     assert lane_depth(rc, lane) == 4  # now it can tell: the head's copy is gone
+
+
+def test_payload_or_metadata_nested_too_deep_is_a_rejection_not_an_exception():
+    """Defect: json.dumps raised RecursionError out of dispatch for a deeply nested payload."""
+    import pytest
+
+    from tasks.validation import Invalid, check_dispatch
+
+    deep: dict = {}
+    cur = deep
+    for _ in range(5000):
+        cur["x"] = {}
+        cur = cur["x"]
+    base = dict(type_name="t", enabled=True, chat_scoped=False, max_payload_bytes=65536, default_priority=5,
+                default_timeout_s=60.0, payload={"a": 1}, priority=None, timeout=None, chat_id=None,
+                idempotency_key=None, metadata=None)
+    for field, reason in (("payload", "invalid_payload"), ("metadata", "invalid_metadata")):
+        with pytest.raises(Invalid) as err:
+            check_dispatch(**{**base, field: deep})
+        assert err.value.reason == reason
