@@ -16,3 +16,7 @@ urlpatterns = [
     path("admin/flower-auth/", lane_views.flower_auth, name="dispatch-flower-auth"),
     path("admin/", admin.site.urls),
 ]
+
+admin.site.site_header = "Dispatch administration"
+admin.site.site_title = "Dispatch"
+admin.site.index_title = "Lanes, task types and dead letters"
