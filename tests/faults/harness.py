@@ -256,9 +256,12 @@ def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: st
             drain_s = round(max(0.0, time.time() - load_end), 1)
             break
         # Pending tasks of which Redis keeps no record can never finish (lost): stop waiting
-        # once that has been seen twice in a row.
+        # once that has been seen three times in a row.
         gone_twice = gone_twice + 1 if not cluster.held(pending) else 0
-        if time.time() > deadline or gone_twice >= 3:
+        if gone_twice >= 3:
+            drain_s = round(max(0.0, time.time() - load_end), 1)  # all that could finish did
+            break
+        if time.time() > deadline:
             break
         time.sleep(0.5)
     residue_deadline = time.time() + 20

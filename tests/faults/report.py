@@ -18,9 +18,11 @@ FAULTS_MD = ROOT / "FAULTS.md"
 START, END = "<!-- faults-table:start -->", "<!-- faults-table:end -->"
 
 COLUMNS = [
-    ("scenario", "id"), ("offered", "offered"), ("accepted", "accepted"), ("succeeded", "succeeded"),
+    ("scenario", "id"), ("offered", "offered"), ("accepted", "accepted"), ("rejected", "rejected"),
+    ("unknown", "unknown"), ("succeeded", "succeeded"),
     ("dead", "dead"), ("lost", "lost"), ("unexpected", "unexpected"), ("dup. effects", "duplicate_effects"),
-    ("redeliveries", "redeliveries"), ("order viol.", "order_violations"), ("stuck", "stuck"),
+    ("redeliveries", "redeliveries"), ("same-key overlap", "concurrent_same_key"),
+    ("order viol.", "order_violations"), ("stuck", "stuck"),
     ("drain s", "drain_s"), ("run s", "seconds"),
 ]
 
@@ -45,6 +47,8 @@ def table(rows: list[dict]) -> str:
         for note in row.get("notes", []):
             notes.append(f"- `{row['id']}`: {note}")
         for name, value in sorted(row.get("extra", {}).items()):
+            if name == "by_kind" and list(value) == ["ok"]:
+                continue  # a single kind of message: the table says it all
             notes.append(f"- `{row['id']}` {name}: {json.dumps(value)}")
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     machine = f"{platform.machine()}, {platform.system()}, Python {platform.python_version()}"

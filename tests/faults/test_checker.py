@@ -50,13 +50,13 @@ def test_redeliveries_are_counted_but_allowed():
     assert r.redeliveries == 2 and r.duplicate_effects == 0 and r.accounted
 
 
-def test_duplicate_effects_two_tasks_two_keys_or_concurrent_runs():
+def test_duplicate_effects_two_tasks_or_two_keys_and_concurrent_runs():
     r = check([op("a", 0)], [ok("a", 0, 1.0), ok("a", 0, 2.0, task="t-other")], {})
-    assert r.duplicate_effects == 1  # admitted twice under one key
+    assert r.duplicate_effects == 1 and not r.accounted  # admitted twice under one key
     r = check([op("a", 0)], [ok("a", 0, 1.0), ok("a", 0, 2.0, key="r:a:0-again")], {})
     assert r.duplicate_effects == 1  # one message applied under two keys
     r = check([op("a", 0)], [ok("a", 0, 1.0, 2.0), ok("a", 0, 1.5, 2.5)], {})
-    assert r.duplicate_effects == 1 and not r.accounted  # one task run twice at once
+    assert r.concurrent_same_key == 1 and r.duplicate_effects == 0  # one task in flight twice at once
 
 
 def test_order_violations_reordered_or_overlapping():

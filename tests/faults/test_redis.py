@@ -160,5 +160,5 @@ def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     record("04-redis-sigstop", rep, started)
     assert refused, "no dispatch met the frozen Redis"
     assert slowest <= 2 * REDIS_TIMEOUT_S + 1.0, rep.summary()
-    assert rep.accepted > 0 and rep.accounted, rep.summary()
+    assert rep.accepted > 0 and rep.accounted and rep.concurrent_same_key == 0, rep.summary()
     assert [w.pid for w in workers] == pids and all(w.alive() for w in workers)
