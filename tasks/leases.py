@@ -89,3 +89,16 @@ def _renew_forever() -> None:
             get_redis().zadd(keys.LEASES, {record: until for record in records}, xx=True)
         except Exception:
             logger.warning("lease_renew_failed records=%d", len(records), exc_info=True)
+
+
+def _after_fork_in_child() -> None:
+    # The parent's renewal thread does not exist in the child, and its lock may
+    # have been held at the fork: start clean.
+    global _lock, _thread, _thread_pid
+    _lock = threading.Lock()
+    _running.clear()
+    _thread = None
+    _thread_pid = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -106,3 +106,11 @@ def post(payload: dict, ctx: Any) -> dict:
     if status in RETRYABLE_STATUSES or status >= 500:
         raise RetryableError(detail, retry_after_s=parse_retry_after(response.headers.get("Retry-After")))
     raise NonRetryableError(detail)
+
+
+def _after_fork_in_child() -> None:
+    global _pool_lock
+    _pool_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

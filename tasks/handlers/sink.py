@@ -6,6 +6,7 @@ once, in dispatch order per chat. The record is keyed by run id and expires.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -62,3 +63,11 @@ def sink(payload: dict, ctx: Any) -> dict:
     pipe.expire(log_key(run), RECORD_TTL_S)
     pipe.execute()
     return {"applied": True}
+
+
+def _after_fork_in_child() -> None:
+    global _counts_lock
+    _counts_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

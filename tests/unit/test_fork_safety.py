@@ -1,0 +1,43 @@
+"""A prefork child must not inherit a lock that another thread of the parent held.
+
+Found in the poison test: the worker's maintenance thread was reloading the
+config (holding its lock) when billiard forked a replacement child after a
+crash; the child's first task then waited on that lock until its time limit.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from lanes import redis_client
+from tasks import config, leases
+from tasks.handlers import http, sink
+
+MODULES = [(config, "_lock"), (redis_client, "_lock"), (leases, "_lock"), (http, "_pool_lock"),
+           (sink, "_counts_lock")]
+
+
+@pytest.mark.parametrize("module, name", MODULES, ids=[m.__name__ for m, _ in MODULES])
+def test_child_gets_a_free_lock_when_a_thread_held_it_at_fork(module, name):
+    held, release = threading.Event(), threading.Event()
+
+    def holder():
+        with getattr(module, name):
+            held.set()
+            release.wait(5)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    held.wait(5)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit 0 only if the lock is free
+            os._exit(0 if getattr(module, name).acquire(timeout=2) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join()
+    assert os.waitstatus_to_exitcode(status) == 0
