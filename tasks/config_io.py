@@ -48,6 +48,25 @@ def _save(where: str, obj: Any) -> None:
     obj.save()
 
 
+def _fetch_and_set(model: type, entry: dict, fields: tuple[str, ...]) -> Any:
+    """The row named ``entry['name']`` (or a new one) with the entry's fields set on it."""
+    obj = model.objects.filter(name=entry["name"]).first() or model(name=entry["name"])
+    for field in fields:
+        if field in entry:
+            setattr(obj, field, entry[field])
+    return obj
+
+
+def _upsert_plain(data: dict, section: str, model: type, fields: tuple[str, ...]) -> int:
+    """Upsert a section whose entries have no references to other sections."""
+    entries = _entries(data, section)
+    for i, entry in enumerate(entries):
+        where = f"{section}[{i}] {entry['name']!r}"
+        _check_keys(where, entry, fields)
+        _save(where, _fetch_and_set(model, entry, fields))
+    return len(entries)
+
+
 def apply_config(data: Any) -> dict[str, int]:
     """Upsert every entry of ``data`` in one transaction; returns counts per section."""
     if not isinstance(data, dict):
@@ -57,31 +76,12 @@ def apply_config(data: Any) -> dict[str, int]:
         raise ConfigError(f"unknown section(s) {', '.join(unknown)}; expected: {', '.join(SECTIONS)}")
     counts = {}
     with transaction.atomic():
-        for i, entry in enumerate(_entries(data, "retry_policies")):
-            where = f"retry_policies[{i}] {entry['name']!r}"
-            _check_keys(where, entry, POLICY_FIELDS)
-            obj = RetryPolicy.objects.filter(name=entry["name"]).first() or RetryPolicy(name=entry["name"])
-            for field in POLICY_FIELDS:
-                if field in entry:
-                    setattr(obj, field, entry[field])
-            _save(where, obj)
-        counts["retry_policies"] = len(data.get("retry_policies", []))
-        for i, entry in enumerate(_entries(data, "lanes")):
-            where = f"lanes[{i}] {entry['name']!r}"
-            _check_keys(where, entry, LANE_FIELDS)
-            obj = Lane.objects.filter(name=entry["name"]).first() or Lane(name=entry["name"])
-            for field in LANE_FIELDS:
-                if field in entry:
-                    setattr(obj, field, entry[field])
-            _save(where, obj)
-        counts["lanes"] = len(data.get("lanes", []))
+        counts["retry_policies"] = _upsert_plain(data, "retry_policies", RetryPolicy, POLICY_FIELDS)
+        counts["lanes"] = _upsert_plain(data, "lanes", Lane, LANE_FIELDS)
         for i, entry in enumerate(_entries(data, "task_types")):
             where = f"task_types[{i}] {entry['name']!r}"
             _check_keys(where, entry, (*TYPE_FIELDS, "lane", "retry_policy"))
-            obj = TaskType.objects.filter(name=entry["name"]).first() or TaskType(name=entry["name"])
-            for field in TYPE_FIELDS:
-                if field in entry:
-                    setattr(obj, field, entry[field])
+            obj = _fetch_and_set(TaskType, entry, TYPE_FIELDS)
             for field, model in (("lane", Lane), ("retry_policy", RetryPolicy)):
                 if field in entry:
                     ref = model.objects.filter(name=entry[field]).first()

@@ -130,7 +130,7 @@ class _Run:
             deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or self.task_id,
             metadata=env.meta or {}, options=tc.options,
         )
-        hooks.emit(hooks.task_started, self._info(now))
+        hooks.emit(hooks.task_started, lambda: self._info(now))
         leases.hold(self.record)
         try:
             with _time_limit(limit, self.task.request):
@@ -149,7 +149,8 @@ class _Run:
         finally:
             leases.release(self.record)
         self._finish("done", result_json, "")
-        hooks.emit(hooks.task_finished, self._info(time.time(), outcome="succeeded"))
+        finished_at = time.time()
+        hooks.emit(hooks.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
         return result
 
     def _claim(self, now: float) -> str:
@@ -205,8 +206,8 @@ class _Run:
             raise Ignore()
         logger.info("retry_scheduled task=%s attempt=%d delay=%.3fs error=%r",
                     self.task_id, env.attempt, decision.delay_s, exc)
-        hooks.emit(hooks.task_finished, self._info(now, outcome="retrying", reason=type(exc).__name__,
-                                                   detail=str(exc)))
+        hooks.emit(hooks.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
+                                                           detail=str(exc)))
         raise Retry(str(exc) or type(exc).__name__, exc=_portable(exc), when=decision.delay_s)
 
     def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> None:
@@ -217,7 +218,8 @@ class _Run:
             attempts=env.attempt, dispatched_at=env.dispatched_at, exc=exc, message=detail,
         )
         self._finish("dead", json.dumps(str(DeadLettered.because(reason, detail))), reason)
-        hooks.emit(hooks.task_finished, self._info(time.time(), outcome="dead", reason=reason, detail=detail))
+        died_at = time.time()
+        hooks.emit(hooks.task_finished, lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
         raise DeadLettered.because(reason, detail)
 
     def _finish(self, outcome: str, result_json: str, reason: str) -> None:

@@ -15,6 +15,7 @@ never breaks dispatch or execution. Connect like any Django signal::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.dispatch import Signal
@@ -61,5 +62,7 @@ def emit_rejected(type_name: str, lane: str, reason: str, detail: str) -> None:
     _send(task_rejected, TaskInfo(None, type_name, lane, reason=reason, detail=detail))
 
 
-def emit(signal: Signal, info: TaskInfo) -> None:
-    _send(signal, info)
+def emit(signal: Signal, make_info: Callable[[], TaskInfo]) -> None:
+    """Send ``signal`` with the info ``make_info`` builds, only if anyone listens."""
+    if signal.has_listeners():
+        _send(signal, make_info())
