@@ -65,3 +65,61 @@ def test_many_rows_in_one_statement_and_a_repeated_id_keeps_its_last_row():
     assert stored[ids[0]].status == states.FAILURE and stored[ids[0]].result == "99"
     assert [stored[t].result for t in ids[1:]] == ["1", "2", "3", "4"]
     assert results.upsert_rows(None, []) == 0
+
+
+def _in_threads(n: int, target) -> list:
+    """Run ``target(i)`` in ``n`` threads started together; their return values or exceptions."""
+    import threading
+
+    from django.db import connections
+
+    barrier, out = threading.Barrier(n), [None] * n
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(10)
+            out[i] = target(i)
+        except Exception as exc:  # noqa: BLE001 - returned to the test
+            out[i] = exc
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_group_commit_stores_every_row_of_concurrent_threads_before_each_returns():
+    backend, ids = _backend(), [unique("grp") for _ in range(32)]
+
+    def store(i: int) -> bool:
+        backend.store_result(ids[i], {"i": i}, states.SUCCESS, request=_request(ids[i]))
+        # Returned: the row must already be committed, visible to this thread's own connection.
+        return TaskResult.objects.filter(task_id=ids[i], status=states.SUCCESS).exists()
+
+    assert _in_threads(32, store) == [True] * 32
+    stored = {r.task_id: json.loads(r.result) for r in TaskResult.objects.filter(task_id__in=ids)}
+    assert stored == {t: {"i": i} for i, t in enumerate(ids)}
+
+
+def test_a_bad_row_in_a_batch_fails_only_its_own_caller():
+    good, bad = unique("grp"), {"task_id": None, "status": states.SUCCESS}
+    slots = [results._Slot(None, {"task_id": good, "status": states.SUCCESS, "result": "1",
+                                  "content_type": "application/json", "content_encoding": "utf-8"}),
+             results._Slot(None, bad)]
+    results.write_batch(slots)
+    assert slots[0].error is None and slots[1].error is not None
+    assert TaskResult.objects.get(task_id=good).result == "1"
+
+
+def test_a_failed_write_is_raised_in_the_task_thread(monkeypatch):
+    def broken(using, rows):
+        raise RuntimeError("database is gone")
+
+    monkeypatch.setattr(results, "upsert_rows", broken)
+    monkeypatch.setattr(results, "upsert_row", lambda using, row: broken(using, [row]))
+    out = _in_threads(3, lambda i: results.store_row(None, {"task_id": unique("grp"), "status": states.SUCCESS}))
+    assert [str(e) for e in out] == ["database is gone"] * 3
