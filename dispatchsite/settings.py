@@ -134,11 +134,6 @@ DISPATCH_LEASE_S = float(os.environ.get("DISPATCH_LEASE_S", "30"))
 #: fault campaign found a chat blocked for this long). Was 600; a task that
 #: merely waits longer in a backlog is found there and not copied.
 DISPATCH_QUEUED_LEASE_S = float(os.environ.get("DISPATCH_QUEUED_LEASE_S", "60"))
-#: Milliseconds a thread-pool worker's result writer gathers the rows of
-#: concurrent tasks before writing them in one statement (tasks.results; each
-#: task still returns only after its own row is committed). 0: write what is
-#: queued at once; negative: every task thread writes its own row.
-DISPATCH_RESULT_GROUP_WINDOW_MS = float(os.environ.get("DISPATCH_RESULT_GROUP_WINDOW_MS", "2"))
 #: Seconds any call to Redis by the platform (dispatch, workers' bookkeeping) may take
 #: before it fails: dispatch then answers ``unavailable`` instead of hanging.
 DISPATCH_REDIS_TIMEOUT_S = float(os.environ.get("DISPATCH_REDIS_TIMEOUT_S", "5"))

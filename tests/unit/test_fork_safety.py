@@ -13,11 +13,11 @@ import threading
 import pytest
 
 from lanes import redis_client
-from tasks import config, leases, results
+from tasks import config, leases
 from tasks.handlers import http, sink
 
 MODULES = [(config, "_lock"), (redis_client, "_lock"), (leases, "_lock"), (http, "_pool_lock"),
-           (sink, "_counts_lock"), (results, "_lock")]
+           (sink, "_counts_lock")]
 
 
 @pytest.mark.parametrize("module, name", MODULES, ids=[m.__name__ for m, _ in MODULES])
