@@ -21,9 +21,8 @@ from celery import Task
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
-from lanes import keys
+from lanes import keys, scripts
 from lanes.histogram import bucket_label
-from lanes.scripts import script
 from tasks import config, dead_letters, hooks, leases
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
 from tasks.messages import Envelope, build_message
@@ -158,12 +157,13 @@ class _Run:
         dead_owner = ""
         qlat = now - env.dispatched_at
         for _ in range(2):
-            reply = script("start")(
-                keys=[self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
-                      keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id)],
-                args=[self.task_id, env.attempt, leases.owner_id(), int(now * 1000),
-                      int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
-                      self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
+            reply = scripts.call(
+                "start",
+                [self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
+                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id)],
+                [self.task_id, env.attempt, leases.owner_id(), int(now * 1000),
+                 int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
+                 self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
             )
             status = reply[0].decode()
             if status == "run":
@@ -196,10 +196,11 @@ class _Run:
         next_env = replace(env, attempt=env.attempt + 1)
         soft_limit = min(tc.attempt_timeout_s, max(0.001, env.deadline - now))
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
-        reply = script("retry")(
-            keys=[self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now)],
-            args=[next_env.attempt, message, int((now + decision.delay_s) * 1000),
-                  int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field],
+        reply = scripts.call(
+            "retry",
+            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now)],
+            [next_env.attempt, message, int((now + decision.delay_s) * 1000),
+             int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field],
         )
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
@@ -226,14 +227,15 @@ class _Run:
         env = self.env
         now = time.time()
         xlat = now - self.started_at if self.started_at else None
-        script("finish")(
-            keys=[self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
-                  keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id)],
-            args=[self.task_id, outcome, _bounded(result_json), int(now * 1000), _tombstone_ttl_s(),
-                  int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
-                  keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
-                  bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
-                  f"{xlat or 0:.6f}"],
+        scripts.call(
+            "finish",
+            [self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
+             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id)],
+            [self.task_id, outcome, _bounded(result_json), int(now * 1000), _tombstone_ttl_s(),
+             int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
+             keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
+             bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
+             f"{xlat or 0:.6f}"],
         )
 
     def _info(self, now: float, **extra: Any) -> hooks.TaskInfo:

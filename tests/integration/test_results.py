@@ -5,13 +5,11 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-import pytest
 from celery import states
 from django_celery_results.models import TaskResult
 
 from tasks import results
 from tests.support.helpers import unique
-
 
 
 def _backend() -> results.UpsertBackend:
