@@ -51,10 +51,19 @@ def test_dispatch_results_and_dead_letters_on_postgres(tmp_root):
             assert [r["reason"] for r in rows] == ["non_retryable"]
         finally:
             worker.stop()
+        # The raw result upsert on PostgreSQL: overwrite, and one id twice in one statement.
+        row = "{'task_id': 'pg-upsert', 'status': %r, 'result': %r, 'content_type': 'application/json', " \
+              "'content_encoding': 'utf-8'}"
+        manage(env, "shell", "-c", "from tasks.results import upsert_rows; "
+               f"upsert_rows(None, [{row % ('SUCCESS', '1')}]); "
+               f"upsert_rows(None, [{row % ('FAILURE', '2')}, {row % ('SUCCESS', '3')}])")
         import psycopg
 
         with psycopg.connect(server.url) as conn:
             (count,) = conn.execute("SELECT count(*) FROM django_celery_results_taskresult").fetchone()
-        assert count == 2
+            upserted = conn.execute("SELECT status, result, date_created <= date_done "
+                                    "FROM django_celery_results_taskresult WHERE task_id = 'pg-upsert'").fetchall()
+        assert count == 3
+        assert upserted == [("SUCCESS", "3", True)]
     finally:
         server.stop()
