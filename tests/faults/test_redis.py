@@ -231,3 +231,38 @@ def test_04c_an_ack_lost_to_redis_frees_its_prefetch_slot(cluster_factory):
         assert channel.qos.can_consume(), "a lost ack kept its prefetch slot: this consumer would never consume again"
     cluster.redis_restart()
     assert cluster.client().hlen("unacked") == 1  # kept for the restore after the visibility timeout
+
+
+def test_04d_an_outcome_that_met_a_frozen_redis_is_recorded_once_redis_answers(cluster_factory, record):
+    """Defect: when Redis froze just after a handler's effect, ``finish.lua`` timed out and Celery
+    stored FAILURE for a task that had succeeded; the script had still run when Redis resumed, so
+    nothing ever corrected the row (``get()`` raised TimeoutError). Now the worker keeps its lease
+    and sends the call again until Redis answers: every accepted task ends SUCCESS, applied once."""
+    from django_celery_results.models import TaskResult
+
+    started = time.time()
+    cluster = cluster_factory(env={"DISPATCH_REDIS_TIMEOUT_S": "1", "DISPATCH_BROKER_TIMEOUT_S": "2"})
+    lane = unique("fl-outcome")
+    name = cluster.http_type(lane)
+    cluster.sink.sink.behaviour.delay_s = (0.8, 1.2)  # handlers are mid-effect when Redis freezes
+    workers = [cluster.worker(lane, concurrency=2), cluster.worker(lane, pool="threads", concurrency=2)]
+    load = cluster.constant_load(name, rate=4, duration=10, chats=4)
+    time.sleep(3.5)
+    cluster.redis_pause()
+    time.sleep(4.0)
+    cluster.redis_resume()
+    load.wait(timeout=60)
+    rep = drain_and_check(cluster, [load], scenario="4d outcome vs frozen Redis", drain_bound=45, lanes=[lane])
+    record("04d-redis-sigstop-outcome", rep, started)
+    assert rep.accepted > 0 and rep.accounted and rep.concurrent_same_key == 0, rep.summary()
+    met = sum(w.log_text().count("TimeoutError") for w in workers)
+    assert met > 0, "no worker call met the frozen Redis: the scenario did not test anything"
+    ids = [op.task_id for op in load.ops() if op.accepted]
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        statuses = dict(TaskResult.objects.filter(task_id__in=ids).values_list("task_id", "status"))
+        if len(statuses) == len(ids) and set(statuses.values()) == {"SUCCESS"}:
+            break
+        time.sleep(0.5)
+    wrong = {i: statuses.get(i) for i in ids if statuses.get(i) != "SUCCESS"}
+    assert not wrong, f"{len(wrong)} accepted tasks not stored as SUCCESS: {list(wrong.items())[:5]}"
