@@ -1,5 +1,6 @@
 """kombu's Redis transport, hardened: a message that is not even JSON cannot stop a worker,
-and an ack lost to an unreachable Redis cannot either.
+an ack lost to an unreachable Redis cannot either, and a message popped as a
+worker shuts down goes back to its queue.
 
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
@@ -60,6 +61,21 @@ class Channel(kombu_redis.Channel):
             raise redis.exceptions.ConnectionError("the broker connection was already closed")
         return super()._connparams(asynchronous=asynchronous)
 
+    def close(self):
+        # Closing reads a pending BRPOP's reply; a message in it has no consumer
+        # left, and kombu hands it to the transport's first channel. On a warm
+        # shutdown kombu has already taken every channel out of that list, so
+        # the message was dropped without a word (fault scenario 2): point the
+        # transport at this channel, which can still put it back.
+        transport = self.connection
+        if transport is not None:
+            transport.closing_channel = self
+        try:
+            super().close()
+        finally:
+            if transport is not None:
+                transport.closing_channel = None
+
     def _brpop_read(self, **options):
         try:
             return super()._brpop_read(**options)
@@ -93,6 +109,16 @@ class UndeliverableMessage(Exception):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+    closing_channel: Channel | None = None
+
+    def _reject_inbound_message(self, raw_message):
+        if self.channels or self.closing_channel is None:
+            return super()._reject_inbound_message(raw_message)
+        channel = self.closing_channel
+        message = channel.Message(raw_message, channel=channel)
+        channel.qos.append(message, message.delivery_tag)
+        channel.basic_reject(message.delivery_tag, requeue=True)
+        logger.info("popped_message_requeued_at_close tag=%s", message.delivery_tag)
 
     def _deliver(self, message, queue):
         # kombu lists KeyError among the Redis transport's *connection* errors, so
