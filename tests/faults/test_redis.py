@@ -126,11 +126,6 @@ def test_03_sigkill_redis_and_restart_from_the_aof(cluster_factory, record):
     assert [w.pid for w in workers] == pids and all(w.alive() for w in workers)  # they reconnected by themselves
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "OPEN DEFECT (not excused, issue 7 left open): intermittently, after Redis is frozen and resumed, a worker "
-    "keeps one chat head in kombu's unacked hash with a live lease and stops consuming, so that chat misses the "
-    "drain bound (seen in 1 of 3 fresh runs on 2026-11-30; the same consumer stall was seen once in the FIFO "
-    "stress test). Suspected: kombu 5.7's paused-BRPOP handling; next step is a consumer watchdog."))
 def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     """Redis frozen for 20 s under load: dispatch answers ``unavailable`` within its timeout (saying
     when the outcome is unknown), never half-writes; workers reconnect by themselves; all drains."""
