@@ -122,12 +122,7 @@ class FaultCluster:
     def dump_stacks(self) -> None:
         """Every live worker process writes its threads' stacks to its log (SIGUSR2), for the report."""
         for worker in self.workers:
-            if worker.alive():
-                for pid in [worker.pid, *worker.children()]:
-                    try:
-                        os.kill(pid, signal.SIGUSR2)
-                    except ProcessLookupError:
-                        pass
+            worker.dump_stacks()
         time.sleep(1.0)
 
     def client(self) -> redis.Redis:
