@@ -179,8 +179,16 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": DISPATCH_LEASE_S,
     "unacked_restore_interval": max(1, int(DISPATCH_LEASE_S // 5)),
     "unacked_restore_throttle": 1,
+    # The lock kombu takes around each scan for unacked messages (stock: 300 s).
+    # A scan that meets a frozen Redis times out, but Redis runs its lock
+    # request on resuming, so the lock stays held by no one until it expires:
+    # a message whose ack was lost then stayed unacked, its chat blocked, for
+    # minutes (fault scenario 4). A scan takes milliseconds, and each message
+    # is handed back in a WATCH transaction, so a short lock is safe.
+    "unacked_mutex_expire": 5,
     "max_connections": 128,
-    "socket_timeout": 15,
+    # A broker call (ack, restore scan) answers or fails within this many seconds.
+    "socket_timeout": float(os.environ.get("DISPATCH_BROKER_TIMEOUT_S", "15")),
     "socket_connect_timeout": 5,
 }
 CELERY_BROKER_POOL_LIMIT = 32

@@ -1,10 +1,20 @@
-"""kombu's Redis transport, hardened: a message that is not even JSON cannot stop a worker.
+"""kombu's Redis transport, hardened: a message that is not even JSON cannot stop a worker,
+an ack lost to an unreachable Redis cannot either, and a message popped as a
+worker shuts down goes back to its queue.
 
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
 worker exits with "Unrecoverable error", and JSON without the fields kombu needs
 reads as a lost connection. Here such a message is logged, kept as a
 ``malformed`` dead letter, and dropped; the worker goes on.
+
+Stock kombu frees a message's prefetch slot only after its ack reached Redis.
+An ack that timed out (Redis frozen, fault scenario 4) kept its slot forever:
+once a worker had lost as many acks as its prefetch count, it stopped
+consuming for good, with nothing in its log but "Couldn't ack". Here the slot
+is freed either way; the message stays in Redis's unacked hash, from where it
+returns to its queue after the visibility timeout, and its redelivery is
+refused or re-stored by the claim (``start.lua``), never run twice.
 """
 
 from __future__ import annotations
@@ -13,11 +23,30 @@ import logging
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 logger = logging.getLogger(__name__)
 
 
+class QoS(kombu_redis.QoS):
+    def ack(self, delivery_tag):
+        try:
+            super().ack(delivery_tag)
+        except BaseException:
+            virtual.QoS.ack(self, delivery_tag)  # free the slot; Redis keeps the message unacked
+            raise
+
+    def reject(self, delivery_tag, requeue=False):
+        try:
+            super().reject(delivery_tag, requeue=requeue)
+        except BaseException:
+            virtual.QoS.ack(self, delivery_tag)
+            raise
+
+
 class Channel(kombu_redis.Channel):
+    QoS = QoS
+
     def _connparams(self, asynchronous=False):
         # When Redis goes away, Celery closes the broker connection, and kombu
         # detaches the transport from it before every channel is closed. A
@@ -31,6 +60,21 @@ class Channel(kombu_redis.Channel):
         if self.connection.client is None:
             raise redis.exceptions.ConnectionError("the broker connection was already closed")
         return super()._connparams(asynchronous=asynchronous)
+
+    def close(self):
+        # Closing reads a pending BRPOP's reply; a message in it has no consumer
+        # left, and kombu hands it to the transport's first channel. On a warm
+        # shutdown kombu has already taken every channel out of that list, so
+        # the message was dropped without a word (fault scenario 2): point the
+        # transport at this channel, which can still put it back.
+        transport = self.connection
+        if transport is not None:
+            transport.closing_channel = self
+        try:
+            super().close()
+        finally:
+            if transport is not None:
+                transport.closing_channel = None
 
     def _brpop_read(self, **options):
         try:
@@ -65,6 +109,16 @@ class UndeliverableMessage(Exception):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
+    closing_channel: Channel | None = None
+
+    def _reject_inbound_message(self, raw_message):
+        if self.channels or self.closing_channel is None:
+            return super()._reject_inbound_message(raw_message)
+        channel = self.closing_channel
+        message = channel.Message(raw_message, channel=channel)
+        channel.qos.append(message, message.delivery_tag)
+        channel.basic_reject(message.delivery_tag, requeue=True)
+        logger.info("popped_message_requeued_at_close tag=%s", message.delivery_tag)
 
     def _deliver(self, message, queue):
         # kombu lists KeyError among the Redis transport's *connection* errors, so

@@ -4,11 +4,17 @@
   and joins the lane's paused workers so ``resume`` starts it there too.
 - A thread records depth/throughput samples for the dashboard charts every few
   seconds (one process at a time takes a sample, through a short Redis lock).
+- ``kill -USR2 <pid>`` writes every thread's stack to the worker's log, in the
+  main process and in pool children alike (a hung worker can be diagnosed
+  without a debugger).
 """
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
+import sys
 import threading
 
 from celery import bootsteps
@@ -17,6 +23,13 @@ from dispatchsite.celery import app
 from lanes import keys, metrics
 
 logger = logging.getLogger(__name__)
+
+
+class StackDumpStep(bootsteps.Step):
+    """SIGUSR2 dumps all threads' stacks; prefork children inherit the handler."""
+
+    def __init__(self, worker, **kwargs):
+        faulthandler.register(signal.SIGUSR2, file=sys.__stderr__, all_threads=True)
 
 
 class PausedLanesStep(bootsteps.Step):
@@ -62,5 +75,6 @@ class MetricsSamplerStep(bootsteps.StartStopStep):
                 logger.warning("metrics_sample_failed", exc_info=True)
 
 
+app.steps["worker"].add(StackDumpStep)
 app.steps["worker"].add(PausedLanesStep)
 app.steps["worker"].add(MetricsSamplerStep)

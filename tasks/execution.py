@@ -4,6 +4,11 @@ claim (start.lua) -> deadline check -> handler with a time limit -> one of:
 success (finish.lua hands the chat on), retry (retry.lua parks the next
 attempt in Redis), or dead letter (row, then finish.lua). Every step is one
 Redis call; the only SQL on the success path is Celery's result row.
+
+The lease is held from the claim until the outcome is in Redis, and an outcome
+call that Redis did not answer is sent again (both scripts are safe to run
+twice): a handler whose effect happened must not be reported as failed, nor
+run again, because Redis stalled for a moment after it.
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import redis
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery import Task
 from celery.exceptions import Ignore, Retry
@@ -108,6 +115,7 @@ class _Run:
         self.record = keys.task_record(self.task_id, env.chat or None)
         self.field = f"{env.lane}|{env.type}"
         self.started_at = 0.0
+        self.owner = ""  # set by a successful claim
 
     # -- steps -------------------------------------------------------------
     def run(self) -> Any:
@@ -132,9 +140,19 @@ class _Run:
         hooks.emit(hooks.task_started, lambda: self._info(now))
         leases.hold(self.record)
         try:
+            result, result_json = self._attempt(tc, ctx, limit)
+            self._finish("done", result_json, "")
+        finally:
+            leases.release(self.record)
+        finished_at = time.time()
+        hooks.emit(hooks.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
+        return result
+
+    def _attempt(self, tc: config.TypeConf, ctx: Context, limit: float) -> tuple[Any, str]:
+        try:
             with _time_limit(limit, self.task.request):
                 result = self.task.handler_func(self.payload, ctx)
-            result_json = json.dumps(result)
+            return result, json.dumps(result)
         except NonRetryableError as exc:
             self._die("non_retryable", str(exc), exc)
         except TypeError as exc:
@@ -145,28 +163,25 @@ class _Run:
             self._failed(tc, AttemptTimeout(f"attempt ran past its {limit:.3f}s limit"), cause=exc)
         except BaseException as exc:  # noqa: BLE001 - contain SystemExit/KeyboardInterrupt from handlers too
             self._failed(tc, exc)
-        finally:
-            leases.release(self.record)
-        self._finish("done", result_json, "")
-        finished_at = time.time()
-        hooks.emit(hooks.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
-        return result
+        raise AssertionError("unreachable: _failed and _die raise")
 
     def _claim(self, now: float) -> str:
         env = self.env
         dead_owner = ""
+        owner = leases.owner_id()
         qlat = now - env.dispatched_at
         for _ in range(2):
             reply = scripts.call(
                 "start",
                 [self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
                  keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id)],
-                [self.task_id, env.attempt, leases.owner_id(), int(now * 1000),
+                [self.task_id, env.attempt, owner, int(now * 1000),
                  int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
                  self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
             )
             status = reply[0].decode()
             if status == "run":
+                self.owner = owner
                 return reply[2].decode()
             if status == "busy" and leases.owner_is_dead_here(reply[1].decode()):
                 dead_owner = reply[1].decode()
@@ -196,12 +211,12 @@ class _Run:
         next_env = replace(env, attempt=env.attempt + 1)
         soft_limit = min(tc.attempt_timeout_s, max(0.001, env.deadline - now))
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
-        reply = scripts.call(
+        reply = _until_answered(lambda: scripts.call(
             "retry",
             [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now)],
             [next_env.attempt, message, int((now + decision.delay_s) * 1000),
-             int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field],
-        )
+             int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field, self.owner],
+        ), "retry", self.task_id)
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
             raise Ignore()
@@ -227,7 +242,7 @@ class _Run:
         env = self.env
         now = time.time()
         xlat = now - self.started_at if self.started_at else None
-        scripts.call(
+        reply = _until_answered(lambda: scripts.call(
             "finish",
             [self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
              keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id)],
@@ -235,14 +250,44 @@ class _Run:
              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
              keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
              bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
-             f"{xlat or 0:.6f}"],
-        )
+             f"{xlat or 0:.6f}", self.owner],
+        ), "finish", self.task_id)
+        if reply[0] == b"taken":
+            # Our lease ran out while Redis was away and another worker claimed the
+            # task: its attempt records the outcome; this one stores nothing.
+            logger.warning("finish_skipped task=%s taken_by=%s", self.task_id, reply[1].decode())
+            raise Ignore()
 
     def _info(self, now: float, **extra: Any) -> hooks.TaskInfo:
         env = self.env
         qlat = (self.started_at or now) - env.dispatched_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
         return hooks.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
+
+
+#: Redis errors after which a call may or may not have run.
+_UNANSWERED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def _until_answered(call: Callable[[], Any], step: str, task_id: str) -> Any:
+    """Send an outcome call again until Redis answers (for up to two leases).
+
+    The worker still holds the task's lease (its heartbeat renews it once Redis
+    is back), so no other worker takes the task over meanwhile; and if one did,
+    the script says so instead of acting twice.
+    """
+    give_up = time.monotonic() + 2 * settings.DISPATCH_LEASE_S
+    delay = 0.1
+    while True:
+        try:
+            return call()
+        except _UNANSWERED as exc:
+            if time.monotonic() + delay > give_up:
+                raise
+            logger.warning("outcome_not_recorded_yet task=%s step=%s error=%r retry_in=%.1fs",
+                           task_id, step, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 #: Largest result kept in a tombstone; a bigger one is re-stored as null.

@@ -8,18 +8,26 @@
 --   6 queued lease ms, 7 chat id or '', 8 chat record prefix,
 --   9 metric field suffix ('lane|type'), 10 outcome detail (dead reason or ''),
 --   11 execution-latency bucket label or '', 12 chat-waiting key prefix,
---   13 execution latency in seconds
+--   13 execution latency in seconds, 14 owner that claimed this attempt ('' when
+--   the task is dead-lettered without a claim, e.g. poison)
 -- Returns {'ok', next_task_id or ''} | {'already', state} | {'gone'}
+--   | {'taken', owner}
+--
+-- A worker re-sends this call when Redis did not answer (it may have run): a
+-- second run finds the record gone and changes nothing. 'taken' means another
+-- worker claimed the task since (our lease ran out while Redis was away): that
+-- attempt will finish it, so this one must not hand the chat over under it.
 --
 -- The hand-over (pop the head, publish the next) and a dispatch's append
 -- (admit.lua) are each one script, so they never interleave: a chat queue is
 -- deleted by Redis only when this pop empties it, and an append after that
 -- simply creates it again with the new message as head.
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'lane')
+local f = redis.call('HMGET', KEYS[1], 'st', 'lane', 'own')
 local st = f[1]
 if not st then return {'gone'} end
 if st == 'done' or st == 'dead' then return {'already', st} end
+if ARGV[14] ~= '' and st == 'running' and f[3] ~= ARGV[14] then return {'taken', f[3]} end
 local lane = f[2]
 -- The record goes away with the task, so a finished chat leaves no key behind.
 -- A small tombstone outside the chat's keys remembers the outcome for a while:

@@ -3,14 +3,17 @@
 -- KEYS[1] task record   KEYS[2] leases   KEYS[3] lane delayed set
 -- KEYS[4] metrics totals   KEYS[5] metrics minute
 -- ARGV: 1 next attempt, 2 its message, 3 due ms, 4 queued lease ms,
---   5 metric field suffix ('lane|type')
+--   5 metric field suffix ('lane|type'), 6 owner that claimed this attempt
 -- Returns {'ok'} | {'already', state}
+--
+-- Safe to send again when Redis did not answer: a second run finds the task
+-- parked ('already'). Nor does it park an attempt another worker took over.
 --
 -- The message leaves worker memory: it waits in Redis, so a delay longer than
 -- the broker's visibility timeout cannot make it run twice.
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'att')
-if f[1] ~= 'running' or tonumber(f[2]) ~= tonumber(ARGV[1]) - 1 then
+local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own')
+if f[1] ~= 'running' or tonumber(f[2]) ~= tonumber(ARGV[1]) - 1 or f[3] ~= ARGV[6] then
   return {'already', f[1] or ''}
 end
 local due = tonumber(ARGV[3])

@@ -119,6 +119,12 @@ class FaultCluster:
             if log.exists():
                 shutil.copy(log, ARTIFACTS / f"{self.dir.name}-{log.name}")
 
+    def dump_stacks(self) -> None:
+        """Every live worker process writes its threads' stacks to its log (SIGUSR2), for the report."""
+        for worker in self.workers:
+            worker.dump_stacks()
+        time.sleep(1.0)
+
     def client(self) -> redis.Redis:
         return self.redis.client()
 
@@ -203,6 +209,8 @@ class FaultCluster:
             "leases": c.zcard(keys.LEASES),
             "chat_keys": sum(1 for _ in c.scan_iter(keys.PREFIX + "chat:{*", count=1000)),
             "unacked": c.hlen("unacked"),
+            # kombu's restore mutex: left held, no worker returns unacked messages to their queue
+            "unacked_mutex_ttl_s": max(0, c.ttl("unacked_mutex")),
         }
         return {k: v for k, v in out.items() if v}
 
@@ -262,6 +270,7 @@ def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: st
             drain_s = round(max(0.0, time.time() - load_end), 1)  # all that could finish did
             break
         if time.time() > deadline:
+            cluster.dump_stacks()
             break
         time.sleep(0.5)
     residue_deadline = time.time() + 20

@@ -83,3 +83,30 @@ def test_payload_or_metadata_nested_too_deep_is_a_rejection_not_an_exception():
         with pytest.raises(Invalid) as err:
             check_dispatch(**{**base, field: deep})
         assert err.value.reason == reason
+
+
+def test_a_message_popped_as_the_worker_shuts_down_goes_back_to_its_queue(rc):
+    """Defect (scenario 2, intermittent): a warm shutdown closes the broker connection while a BRPOP
+    is pending. kombu takes each channel out of the transport's list, then closes it; closing reads
+    the pending reply, and a message in it, having no consumer left, is handed to "the first
+    channel" of an empty list: dropped without a word. Its chat waited for the recovery sweep (the
+    queued lease, 60 s in production)."""
+    from django.conf import settings
+    from kombu import Connection, Exchange, Queue
+
+    name = unique("l-popped")
+    with Connection(settings.REDIS_URL, transport="lanes.transport:Transport") as conn:
+        channel = conn.channel()
+        queue = Queue(name, Exchange(name, type="direct"), routing_key=name, channel=channel)
+        queue.declare()
+        consumer = conn.Consumer(queue, callbacks=[lambda body, message: None], channel=channel)
+        consumer.consume()
+        conn.transport.cycle.on_poll_start()  # sends the worker's BRPOP
+        conn.Producer(channel=conn.channel()).publish({"n": 1}, exchange=queue.exchange, routing_key=name,
+                                                      serializer="json")
+        wait = time.time() + 5
+        while rc.llen(name) and time.time() < wait:  # Redis hands it to the pending BRPOP
+            time.sleep(0.01)
+        assert rc.llen(name) == 0
+        consumer.cancel()  # Celery cancels its consumers, then closes the connection
+    assert rc.llen(name) + sum(rc.llen(f"{name}:{p}") for p in range(1, 10)) == 1, "the popped message was dropped"

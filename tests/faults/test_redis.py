@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import threading
@@ -9,6 +10,7 @@ import time
 
 import pytest
 
+from lanes import keys
 from tests.faults.harness import drain_and_check, pick
 from tests.support.helpers import unique
 
@@ -124,11 +126,6 @@ def test_03_sigkill_redis_and_restart_from_the_aof(cluster_factory, record):
     assert [w.pid for w in workers] == pids and all(w.alive() for w in workers)  # they reconnected by themselves
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "OPEN DEFECT (not excused, issue 7 left open): intermittently, after Redis is frozen and resumed, a worker "
-    "keeps one chat head in kombu's unacked hash with a live lease and stops consuming, so that chat misses the "
-    "drain bound (seen in 1 of 3 fresh runs on 2026-11-30; the same consumer stall was seen once in the FIFO "
-    "stress test). Suspected: kombu 5.7's paused-BRPOP handling; next step is a consumer watchdog."))
 def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     """Redis frozen for 20 s under load: dispatch answers ``unavailable`` within its timeout (saying
     when the outcome is unknown), never half-writes; workers reconnect by themselves; all drains."""
@@ -169,3 +166,98 @@ def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     assert slowest <= 2 * REDIS_TIMEOUT_S + 1.0, rep.summary()
     assert rep.accepted > 0 and rep.accounted and rep.concurrent_same_key == 0, rep.summary()
     assert [w.pid for w in workers] == pids and all(w.alive() for w in workers)
+
+
+def test_04b_a_frozen_redis_leaves_no_stale_restore_lock(cluster_factory):
+    """Defect behind scenario 4's intermittent stuck chat: a worker's scan for unacknowledged
+    messages met the frozen Redis, its lock request (SET NX, 300 s in stock kombu) timed out in the
+    worker but ran when Redis resumed, so the lock stayed held by no one. Meanwhile a message whose
+    ack had met the frozen Redis stayed in the unacked hash, its chat blocked for up to 5 minutes.
+    Here: freeze Redis longer than the broker's socket timeout, then leave an orphaned unacked
+    message; a worker must hand it back to its lane within the bound."""
+    cluster = cluster_factory(env={"DISPATCH_REDIS_TIMEOUT_S": "1", "DISPATCH_BROKER_TIMEOUT_S": "2"})
+    lane, orphan_lane = unique("fl-lock"), unique("fl-orphan")
+    cluster.http_type(lane)
+    cluster.worker(lane, concurrency=1)
+    time.sleep(1.0)
+    cluster.redis_pause()
+    time.sleep(5.0)  # > the broker socket timeout: a scan's lock request times out
+    cluster.redis_resume()
+    time.sleep(1.0)
+    c = cluster.client()
+    tag = unique("orphan-tag")
+    message = {"body": "", "content-encoding": "utf-8", "content-type": "application/json", "headers": {},
+               "properties": {"delivery_tag": tag, "priority": 0, "body_encoding": "base64",
+                              "delivery_info": {"exchange": "", "routing_key": orphan_lane}}}
+    # Taken by a worker whose ack was lost, longer ago than the visibility timeout.
+    c.zadd("unacked_index", {tag: time.time() - 3600})
+    c.hset("unacked", tag, json.dumps([message, "", orphan_lane]))
+    deadline = time.time() + 20
+    while c.hexists("unacked", tag) and time.time() < deadline:
+        time.sleep(0.5)
+    lock_ttl = c.ttl("unacked_mutex")
+    assert not c.hexists("unacked", tag), f"the orphan stayed unacked; kombu's restore lock TTL is {lock_ttl} s"
+    assert sum(c.llen(q) for q in keys.lane_queues(orphan_lane)) == 1
+
+
+
+def test_04c_an_ack_lost_to_redis_frees_its_prefetch_slot(cluster_factory):
+    """Defect: kombu freed a message's prefetch slot only once its ack reached Redis. An ack that
+    failed (Redis gone or frozen past redis-py's retries) kept the slot forever, so a worker that
+    lost as many acks as its prefetch count stopped consuming, its log saying only "Couldn't ack".
+    The platform's transport frees the slot; the message stays unacked in Redis and comes back
+    after the visibility timeout (its redelivery is refused or re-stored by the claim)."""
+    from kombu import Connection, Exchange, Queue
+
+    cluster = cluster_factory()
+    name = unique("fl-ack")
+    options = {"socket_timeout": 1, "socket_connect_timeout": 1, "visibility_timeout": 60}
+    with Connection(cluster.redis.url, transport="lanes.transport:Transport", transport_options=options) as conn:
+        channel = conn.channel()
+        queue = Queue(name, Exchange(name, type="direct"), routing_key=name, channel=channel)
+        queue.declare()
+        conn.Producer(channel=channel).publish({"n": 1}, exchange=queue.exchange, routing_key=name, serializer="json")
+        channel.basic_qos(0, 1, False)
+        message = queue.get(no_ack=False)
+        assert message is not None and not channel.qos.can_consume()  # the one slot is taken
+        cluster.redis_kill()
+        with pytest.raises(conn.connection_errors):
+            message.ack()
+        assert channel.qos.can_consume(), "a lost ack kept its prefetch slot: this consumer would never consume again"
+    cluster.redis_restart()
+    assert cluster.client().hlen("unacked") == 1  # kept for the restore after the visibility timeout
+
+
+def test_04d_an_outcome_that_met_a_frozen_redis_is_recorded_once_redis_answers(cluster_factory, record):
+    """Defect: when Redis froze just after a handler's effect, ``finish.lua`` timed out and Celery
+    stored FAILURE for a task that had succeeded; the script had still run when Redis resumed, so
+    nothing ever corrected the row (``get()`` raised TimeoutError). Now the worker keeps its lease
+    and sends the call again until Redis answers: every accepted task ends SUCCESS, applied once."""
+    from django_celery_results.models import TaskResult
+
+    started = time.time()
+    cluster = cluster_factory(env={"DISPATCH_REDIS_TIMEOUT_S": "1", "DISPATCH_BROKER_TIMEOUT_S": "2"})
+    lane = unique("fl-outcome")
+    name = cluster.http_type(lane)
+    cluster.sink.sink.behaviour.delay_s = (0.8, 1.2)  # handlers are mid-effect when Redis freezes
+    workers = [cluster.worker(lane, concurrency=2), cluster.worker(lane, pool="threads", concurrency=2)]
+    load = cluster.constant_load(name, rate=4, duration=10, chats=4)
+    time.sleep(3.5)
+    cluster.redis_pause()
+    time.sleep(4.0)
+    cluster.redis_resume()
+    load.wait(timeout=60)
+    rep = drain_and_check(cluster, [load], scenario="4d outcome vs frozen Redis", drain_bound=45, lanes=[lane])
+    record("04d-redis-sigstop-outcome", rep, started)
+    assert rep.accepted > 0 and rep.accounted and rep.concurrent_same_key == 0, rep.summary()
+    met = sum(w.log_text().count("TimeoutError") for w in workers)
+    assert met > 0, "no worker call met the frozen Redis: the scenario did not test anything"
+    ids = [op.task_id for op in load.ops() if op.accepted]
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        statuses = dict(TaskResult.objects.filter(task_id__in=ids).values_list("task_id", "status"))
+        if len(statuses) == len(ids) and set(statuses.values()) == {"SUCCESS"}:
+            break
+        time.sleep(0.5)
+    wrong = {i: statuses.get(i) for i in ids if statuses.get(i) != "SUCCESS"}
+    assert not wrong, f"{len(wrong)} accepted tasks not stored as SUCCESS: {list(wrong.items())[:5]}"

@@ -51,8 +51,7 @@ def test_order_under_stress_many_chats_two_workers(start_worker, sink, rc):
            policy={"max_retries": 10, "initial_backoff": 0.05, "multiplier": 2.0, "max_backoff": 0.5})
     sink.sink.behaviour.delay_s = (0.0, 0.02)
     sink.sink.behaviour.fail_fraction_first = 0.10
-    for _ in range(2):
-        start_worker(lane, pool="threads", concurrency=6)
+    workers = [start_worker(lane, pool="threads", concurrency=6) for _ in range(2)]
     chats, per_chat = 200, 30
     accepted: dict[str, list[str]] = {}
 
@@ -75,6 +74,9 @@ def test_order_under_stress_many_chats_two_workers(start_worker, sink, rc):
                    interval=0.5, what="all messages delivered")
     except AssertionError:
         print(diagnose(rc, lane, sink))
+        for worker in workers:  # their threads' stacks go to the worker logs (kept as test artifacts)
+            worker.dump_stacks()
+        time.sleep(1.0)
         raise
     time.sleep(0.5)
     assert len(sink.sink.applied) == total  # every accepted message delivered

@@ -59,6 +59,15 @@ class Worker:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def dump_stacks(self) -> None:
+        """Every process of this worker writes its threads' stacks to the log (SIGUSR2)."""
+        if self.alive():
+            for pid in [self.pid, *self.children()]:
+                try:
+                    os.kill(pid, signal.SIGUSR2)
+                except ProcessLookupError:
+                    pass
+
     def stop(self, timeout: float = 30) -> None:
         """Warm shutdown (SIGTERM), then kill the group if it lingers."""
         if not self.proc:
