@@ -111,17 +111,23 @@ def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
     concurrency = os.environ.get("WORKER_CONCURRENCY", "2")
     groups = json.loads(os.environ.get("WORKER_GROUPS", '{"realtime": "realtime", "default": "default,ingress",'
                                                          ' "bulk": "bulk"}'))
+    # Per-task log lines and task events cost worker CPU at high rates (BENCHMARKS.md,
+    # load test): WORKER_LOGLEVEL=WARNING keeps only problems; WORKER_EVENTS=0 also
+    # stops Flower from switching events on (it then shows workers, not tasks).
+    loglevel = os.environ.get("WORKER_LOGLEVEL", "INFO")
+    events = os.environ.get("WORKER_EVENTS", "1") not in {"0", "false", "no", "off"}
     manager = Manager()
     manager.add_process("web", f"{bindir / 'gunicorn'} dispatchsite.wsgi -b 127.0.0.1:{web_port} "
                                f"-w 2 --threads 4 --access-logfile -")
     for name, queues in groups.items():
         manager.add_process(f"worker-{name}", f"{celery} -A dispatchsite worker -Q {queues} -n {name}@%h "
-                                              f"-P {pool} -c {concurrency} -E --without-gossip --without-mingle "
-                                              f"-l INFO")
+                                              f"-P {pool} -c {concurrency} {'-E ' if events else ''}"
+                                              f"--without-gossip --without-mingle -l {loglevel}")
     VAR.mkdir(exist_ok=True)
     manager.add_process("beat", f"{celery} -A dispatchsite beat -s {VAR / 'celerybeat-schedule'} -l INFO")
     manager.add_process("flower", f"{celery} -A dispatchsite flower --address=127.0.0.1 --port={flower_port} "
-                                  f"--basic-auth=admin:{secrets['flower_password']} --purge_offline_workers=60")
+                                  f"--basic-auth=admin:{secrets['flower_password']} --purge_offline_workers=60"
+                                  f"{'' if events else ' --enable_events=False'}")
     print(
         "\n"
         f"  Admin:   http://127.0.0.1:{web_port}/admin/   user admin / {secrets['admin_password']}\n"
