@@ -116,6 +116,7 @@ def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
     # stops Flower from switching events on (it then shows workers, not tasks).
     loglevel = os.environ.get("WORKER_LOGLEVEL", "INFO")
     events = os.environ.get("WORKER_EVENTS", "1") not in {"0", "false", "no", "off"}
+    os.environ["CELERY_WORKER_SEND_TASK_EVENTS"] = "1" if events else "0"  # the setting, not only -E
     manager = Manager()
     manager.add_process("web", f"{bindir / 'gunicorn'} dispatchsite.wsgi -b 127.0.0.1:{web_port} "
                                f"-w 2 --threads 4 --access-logfile -")
