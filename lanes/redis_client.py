@@ -9,15 +9,14 @@ script that timed out may have run, so sending it again could run it twice.
 
 from __future__ import annotations
 
-import os
-import threading
-
 import redis
 from django.conf import settings
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-_lock = threading.Lock()
+from lanes.forksafe import ForkSafeLock
+
+_lock = ForkSafeLock()
 _client: redis.Redis | None = None
 
 
@@ -43,12 +42,3 @@ def reset_redis() -> None:
     global _client
     with _lock:
         _client = None
-
-
-def _after_fork_in_child() -> None:
-    # Forked while another thread held the lock: start the child with a free one.
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -7,11 +7,10 @@ call without polling and without restarts.
 
 from __future__ import annotations
 
-import os
-import threading
 from dataclasses import dataclass, field
 
 from lanes import keys
+from lanes.forksafe import ForkSafeLock
 from lanes.redis_client import get_redis
 from tasks.retry import Backoff
 
@@ -47,7 +46,7 @@ class Snapshot:
     types: dict[str, TypeConf] = field(default_factory=dict)
 
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _snapshot: Snapshot | None = None
 
 
@@ -113,13 +112,3 @@ def refresh_if_changed() -> Snapshot:
     """Compare with the version in Redis (one GET) and reload when it moved."""
     version = get_redis().get(keys.CONFIG_VERSION)
     return ensure(version.decode() if version else "0")
-
-
-def _after_fork_in_child() -> None:
-    # A prefork child is forked while other threads of the worker (maintenance,
-    # metrics sampler) may hold this lock; the child must not inherit it held.
-    global _lock
-    _lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -16,12 +16,13 @@ import time
 from django.conf import settings
 
 from lanes import keys
+from lanes.forksafe import ForkSafeLock
 from lanes.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 HOST = socket.gethostname()
 
-_lock = threading.Lock()
+_lock = ForkSafeLock()
 _running: dict[str, int] = {}
 _thread: threading.Thread | None = None
 _thread_pid: int | None = None
@@ -92,10 +93,8 @@ def _renew_forever() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # The parent's renewal thread does not exist in the child, and its lock may
-    # have been held at the fork: start clean.
-    global _lock, _thread, _thread_pid
-    _lock = threading.Lock()
+    # The parent's renewal thread does not exist in the child: start clean.
+    global _thread, _thread_pid
     _running.clear()
     _thread = None
     _thread_pid = None

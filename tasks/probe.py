@@ -25,7 +25,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-_lock = threading.Lock()
+from lanes.forksafe import ForkSafeLock
+
+_lock = ForkSafeLock()
 _counts: Counter = Counter()
 _installed = False
 _flusher_pid: int | None = None
@@ -106,8 +108,6 @@ def _sql_counter(execute: Any, sql: str, params: Any, many: bool, context: Any) 
 
 def _reset_after_fork() -> None:
     """A forked child starts from zero: what the parent counted is in the parent's file."""
-    global _lock
-    _lock = threading.Lock()
     _counts.clear()
 
 

@@ -32,12 +32,12 @@ UPDATE_FIELDS = ("status", "result", "traceback", "meta", "content_encoding", "c
 #: Columns of one row, in the order :func:`upsert_rows` expects its tuples.
 ROW_FIELDS = ("task_id", *UPDATE_FIELDS, "date_created")
 
-_statements: dict[tuple[str, str, int], str] = {}
+_statements: dict[tuple[str, int], str] = {}
 
 
 def _statement(connection: Any, n_rows: int) -> str:
-    """``INSERT ... VALUES (...) x n_rows ON CONFLICT (task_id) DO UPDATE``, built once per vendor and size."""
-    key = (connection.vendor, connection.alias, n_rows)
+    """``INSERT ... VALUES (...) x n_rows ON CONFLICT (task_id) DO UPDATE``, built once per database and size."""
+    key = (connection.alias, n_rows)
     sql = _statements.get(key)
     if sql is None:
         q = connection.ops.quote_name

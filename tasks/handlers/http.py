@@ -13,12 +13,13 @@ from urllib.parse import quote, urlsplit
 import urllib3
 from django.conf import settings
 
+from lanes.forksafe import ForkSafeLock
 from tasks.errors import NonRetryableError, RetryableError
 from tasks.registry import handler
 
 RETRYABLE_STATUSES = {408, 425, 429}
 _local = threading.local()
-_pool_lock = threading.Lock()
+_pool_lock = ForkSafeLock()
 _pool: tuple[int, urllib3.PoolManager] | None = None
 
 
@@ -106,11 +107,3 @@ def post(payload: dict, ctx: Any) -> dict:
     if status in RETRYABLE_STATUSES or status >= 500:
         raise RetryableError(detail, retry_after_s=parse_retry_after(response.headers.get("Retry-After")))
     raise NonRetryableError(detail)
-
-
-def _after_fork_in_child() -> None:
-    global _pool_lock
-    _pool_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -6,13 +6,12 @@ once, in dispatch order per chat. The record is keyed by run id and expires.
 
 from __future__ import annotations
 
-import os
 import random
-import threading
 import time
 from typing import Any
 
 from lanes import keys
+from lanes.forksafe import ForkSafeLock
 from lanes.redis_client import get_redis
 from tasks.errors import RetryableError
 from tasks.registry import handler
@@ -29,7 +28,7 @@ def log_key(run: str) -> str:
     return f"{keys.PREFIX}sink:{run}:log"
 
 
-_counts_lock = threading.Lock()
+_counts_lock = ForkSafeLock()
 _counts: dict[str, int] = {}
 
 
@@ -63,11 +62,3 @@ def sink(payload: dict, ctx: Any) -> dict:
     pipe.expire(log_key(run), RECORD_TTL_S)
     pipe.execute()
     return {"applied": True}
-
-
-def _after_fork_in_child() -> None:
-    global _counts_lock
-    _counts_lock = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
