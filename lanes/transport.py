@@ -1,6 +1,18 @@
 """kombu's Redis transport, hardened: a message that is not even JSON cannot stop a worker,
 an ack lost to an unreachable Redis cannot either, and a message popped as a
-worker shuts down goes back to its queue.
+worker shuts down goes back to its queue; and lean: a platform task's message
+costs no Redis call between its pop and its ack.
+
+Stock kombu keeps a copy of every delivered message in Redis (its unacked hash,
+one pipelined call on receipt, another on ack) so that it can hand it back
+after the visibility timeout if its worker dies. A platform task does not need
+it: its record already carries the message under a lease (``lanes/scripts``):
+queued until the claim, renewed while it runs, and, once finished, until its
+result row is stored; the recovery sweep republishes it when a lease runs out,
+and the claim lets exactly one copy run. So a message marked as leased
+(``LEASED_HEADER``) is held in worker memory only: the ack is
+free, and a message handed back (rejected, or held at shutdown) is pushed back
+from memory. Any other message (Celery's own tasks) keeps kombu's handling.
 
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
@@ -27,9 +39,28 @@ from kombu.transport import virtual
 
 logger = logging.getLogger(__name__)
 
+#: Header of a message whose task Redis already tracks with a lease (its record,
+#: written by the platform's scripts); set by ``tasks.messages``.
+LEASED_HEADER = "dispatch_leased"
+
 
 class QoS(kombu_redis.QoS):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._leased: set = set()  # tags of delivered messages tracked by a platform lease
+
+    def append(self, message, delivery_tag):
+        if message.headers.get(LEASED_HEADER) is True:
+            self._leased.add(delivery_tag)
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        super().append(message, delivery_tag)
+
     def ack(self, delivery_tag):
+        if delivery_tag in self._leased:
+            self._leased.discard(delivery_tag)
+            virtual.QoS.ack(self, delivery_tag)
+            return
         try:
             super().ack(delivery_tag)
         except BaseException:
@@ -37,11 +68,31 @@ class QoS(kombu_redis.QoS):
             raise
 
     def reject(self, delivery_tag, requeue=False):
+        if delivery_tag in self._leased:
+            try:
+                if requeue:
+                    self.restore_by_tag(delivery_tag, leftmost=True)
+            finally:
+                self._leased.discard(delivery_tag)
+                virtual.QoS.ack(self, delivery_tag)
+            return
         try:
             super().reject(delivery_tag, requeue=requeue)
         except BaseException:
             virtual.QoS.ack(self, delivery_tag)
             raise
+
+    def restore_by_tag(self, tag, client=None, leftmost=False):
+        message = self._delivered.get(tag) if tag in self._leased else None
+        if message is None:
+            return super().restore_by_tag(tag, client=client, leftmost=leftmost)
+        # From memory: Redis holds no copy. If this fails, the record's lease
+        # runs out and the sweep republishes the task.
+        delivery = message.delivery_info
+        with self.channel.conn_or_acquire(client) as conn:
+            self.channel._do_restore_message(message._raw, delivery["exchange"], delivery["routing_key"], conn,
+                                             leftmost)
+        return None
 
 
 class Channel(kombu_redis.Channel):

@@ -3,7 +3,8 @@
 claim (start.lua) -> deadline check -> handler with a time limit -> one of:
 success (finish.lua hands the chat on), retry (retry.lua parks the next
 attempt in Redis), or dead letter (row, then finish.lua). Every step is one
-Redis call; the only SQL on the success path is Celery's result row.
+Redis call; the only SQL on the success path is Celery's result row, after
+which the finished record is settled (batched: tasks.leases).
 
 The lease is held from the claim until the outcome is in Redis, and an outcome
 call that Redis did not answer is sent again (both scripts are safe to run
@@ -24,7 +25,7 @@ from typing import Any
 
 import redis
 from billiard.exceptions import SoftTimeLimitExceeded
-from celery import Task
+from celery import Task, signals
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
@@ -69,6 +70,20 @@ class HandlerTask(Task):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return execute(self, args, kwargs)
+
+    def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        # Celery calls this once the result row is stored: the finished record
+        # may go (tasks.leases.settle). Not called when storing failed, so the
+        # record's lease runs out and a copy stores the row again.
+        record = getattr(self.request, "dispatch_settle", None)
+        if record:
+            leases.settle(record)
+
+
+@signals.worker_process_shutdown.connect(weak=False)
+@signals.worker_shutdown.connect(weak=False)
+def _settle_before_exit(**_: Any) -> None:
+    leases.settle_now()
 
 
 def _minute_keys(now: float) -> str:
@@ -191,6 +206,7 @@ class _Run:
             # Finished, but its worker may have died before Celery stored the
             # outcome: store it again (the result row is written idempotently).
             outcome, _, result_json = reply[1].decode().partition("|")
+            self.task.request.dispatch_settle = self.record
             logger.info("redelivery_of_finished task=%s outcome=%s", self.task_id, outcome)
             if outcome == "done":
                 raise _Finished(json.loads(result_json))
@@ -250,13 +266,14 @@ class _Run:
              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
              keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
              bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
-             f"{xlat or 0:.6f}", self.owner],
+             f"{xlat or 0:.6f}", self.owner, int(settings.DISPATCH_LEASE_S * 1000)],
         ), "finish", self.task_id)
         if reply[0] == b"taken":
             # Our lease ran out while Redis was away and another worker claimed the
             # task: its attempt records the outcome; this one stores nothing.
             logger.warning("finish_skipped task=%s taken_by=%s", self.task_id, reply[1].decode())
             raise Ignore()
+        self.task.request.dispatch_settle = self.record
 
     def _info(self, now: float, **extra: Any) -> hooks.TaskInfo:
         env = self.env

@@ -1,8 +1,15 @@
-"""Keeps the leases of running tasks fresh while their handlers run.
+"""Keeps the leases of running tasks fresh, and settles finished ones.
 
 One daemon thread per process renews every running task's lease in one
 pipelined call each ``lease/3`` seconds; a task whose process dies stops being
 renewed, and the recovery sweep republishes it once the lease runs out.
+
+The same thread settles finished tasks: ``finish.lua`` leaves the record under
+a short lease until the result row is stored (the broker keeps no copy of a
+platform message once delivered: ``lanes.transport``); the worker then queues
+it here, and every ``SETTLE_EVERY_S`` one ``forget.lua`` call removes all that
+were queued. Batched, settling costs a fraction of a Redis round trip per task
+instead of kombu's two (record as unacked, then ack).
 """
 
 from __future__ import annotations
@@ -15,15 +22,23 @@ import time
 
 from django.conf import settings
 
-from lanes import keys
+from lanes import keys, scripts
 from lanes.forksafe import ForkSafeLock
 from lanes.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 HOST = socket.gethostname()
+#: Seconds between settling calls (while any finished task waits to be settled).
+SETTLE_EVERY_S = 0.1
+#: Most records one settling call removes; the rest wait for the next call.
+SETTLE_BATCH = 500
+#: Most records waiting to be settled; past this the oldest are left to the
+#: sweep (Redis unreachable for long): their copies re-store the result and settle.
+SETTLE_BACKLOG_MAX = 20000
 
 _lock = ForkSafeLock()
 _running: dict[str, int] = {}
+_settling: list[str] = []
 _thread: threading.Thread | None = None
 _thread_pid: int | None = None
 
@@ -65,6 +80,34 @@ def release(record: str) -> None:
             _running.pop(record, None)
 
 
+def settle(record: str) -> None:
+    """Queue a finished task's record for removal: its result row is stored."""
+    with _lock:
+        _settling.append(record)
+        if len(_settling) > SETTLE_BACKLOG_MAX:
+            del _settling[: len(_settling) - SETTLE_BACKLOG_MAX]
+    _ensure_thread()
+
+
+def settle_now() -> int:
+    """Remove every queued finished record now (one call per batch); returns how many were sent."""
+    sent = 0
+    while True:
+        with _lock:
+            batch = _settling[:SETTLE_BATCH]
+            del _settling[:SETTLE_BATCH]
+        if not batch:
+            return sent
+        try:
+            scripts.call("forget", [keys.LEASES, *batch], [])
+        except Exception:
+            with _lock:
+                _settling[:0] = batch  # Redis away: keep them for the next call
+            logger.warning("settle_failed records=%d", len(batch), exc_info=True)
+            return sent
+        sent += len(batch)
+
+
 def _ensure_thread() -> None:
     global _thread, _thread_pid
     if _thread is not None and _thread_pid == os.getpid() and _thread.is_alive():
@@ -73,29 +116,40 @@ def _ensure_thread() -> None:
         if _thread is not None and _thread_pid == os.getpid() and _thread.is_alive():
             return
         _thread_pid = os.getpid()
-        _thread = threading.Thread(target=_renew_forever, name="dispatch-lease", daemon=True)
+        _thread = threading.Thread(target=_tend_forever, name="dispatch-lease", daemon=True)
         _thread.start()
 
 
-def _renew_forever() -> None:
+def _tend_forever() -> None:
     lease_s = settings.DISPATCH_LEASE_S
+    renew_every = max(0.2, lease_s / 3)
+    next_renewal = time.monotonic() + renew_every
     while True:
-        time.sleep(max(0.2, lease_s / 3))
-        with _lock:
-            records = list(_running)
-        if not records:
-            continue
-        until = int((time.time() + lease_s) * 1000)
-        try:
-            get_redis().zadd(keys.LEASES, {record: until for record in records}, xx=True)
-        except Exception:
-            logger.warning("lease_renew_failed records=%d", len(records), exc_info=True)
+        time.sleep(SETTLE_EVERY_S)
+        if _settling:
+            settle_now()
+        if time.monotonic() >= next_renewal:
+            next_renewal = time.monotonic() + renew_every
+            _renew(lease_s)
+
+
+def _renew(lease_s: float) -> None:
+    with _lock:
+        records = list(_running)
+    if not records:
+        return
+    until = int((time.time() + lease_s) * 1000)
+    try:
+        get_redis().zadd(keys.LEASES, {record: until for record in records}, xx=True)
+    except Exception:
+        logger.warning("lease_renew_failed records=%d", len(records), exc_info=True)
 
 
 def _after_fork_in_child() -> None:
     # The parent's renewal thread does not exist in the child: start clean.
     global _thread, _thread_pid
     _running.clear()
+    _settling.clear()
     _thread = None
     _thread_pid = None
 

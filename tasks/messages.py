@@ -17,6 +17,7 @@ from typing import Any
 
 from lanes import keys
 from lanes.priorities import to_kombu
+from lanes.transport import LEASED_HEADER
 
 _TAG_PLACEHOLDER = "@@delivery-tag@@"
 _ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
@@ -75,7 +76,7 @@ def build_message(task_id: str, handler: str, payload_json: str, envelope: Envel
         "timelimit": [soft_limit_s + HARD_LIMIT_GRACE_S, soft_limit_s], "root_id": task_id,
         "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),
         "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
-        "stamped_headers": None, "stamps": {},
+        "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,
     }
     message = {
         "body": body,

@@ -3,11 +3,15 @@
 -- A task record is a hash: msg (the broker message, a NUL byte where the
 -- delivery tag goes), q (the lane list it is published to), lane, type,
 -- st (queued|running|retry|done|dead), att (attempt), dlv (deliveries of this
--- attempt), own (worker running it), chat (chat id or ''), pub (publish count).
+-- attempt), own (worker running it), chat (chat id or ''), pub (publish count),
+-- res (outcome detail, once done or dead: kept until the worker stored the
+-- result row and settled the record with forget.lua).
 
 -- Publish a record's message to its lane list with a fresh delivery tag, and
--- give it a lease after which the recovery sweep republishes it.
-local function publish_record(record, leases_key, lease_until)
+-- give it a lease after which the recovery sweep republishes it. ``state`` is
+-- the record's state from now on (default 'queued'; a finished record whose
+-- result row may be missing keeps 'done'/'dead', so its copy only re-stores it).
+local function publish_record(record, leases_key, lease_until, state)
   local f = redis.call('HMGET', record, 'msg', 'q')
   if not f[1] then return false end
   local msg = f[1]
@@ -15,7 +19,7 @@ local function publish_record(record, leases_key, lease_until)
   local pub = redis.call('HINCRBY', record, 'pub', 1)
   local task_id = string.match(record, '([^:]+)$')
   redis.call('LPUSH', f[2], string.sub(msg, 1, mark - 1) .. task_id .. '.' .. pub .. string.sub(msg, mark + 1))
-  redis.call('HSET', record, 'st', 'queued', 'own', '')
+  redis.call('HSET', record, 'st', state or 'queued', 'own', '')
   redis.call('ZADD', leases_key, lease_until, record)
   return true
 end

@@ -9,7 +9,7 @@
 --   9 metric field suffix ('lane|type'), 10 outcome detail (dead reason or ''),
 --   11 execution-latency bucket label or '', 12 chat-waiting key prefix,
 --   13 execution latency in seconds, 14 owner that claimed this attempt ('' when
---   the task is dead-lettered without a claim, e.g. poison)
+--   the task is dead-lettered without a claim, e.g. poison), 15 settle lease ms
 -- Returns {'ok', next_task_id or ''} | {'already', state} | {'gone'}
 --   | {'taken', owner}
 --
@@ -29,13 +29,17 @@ if not st then return {'gone'} end
 if st == 'done' or st == 'dead' then return {'already', st} end
 if ARGV[14] ~= '' and st == 'running' and f[3] ~= ARGV[14] then return {'taken', f[3]} end
 local lane = f[2]
--- The record goes away with the task, so a finished chat leaves no key behind.
--- A small tombstone outside the chat's keys remembers the outcome for a while:
--- a worker killed after this script but before Celery stored the result gets
--- its message redelivered, and that delivery stores the result from here.
-redis.call('DEL', KEYS[1])
+-- The record keeps the outcome, under a short lease, until the worker has
+-- stored the result row and settles it (forget.lua, batched): a worker killed
+-- in between has its message republished by the sweep when the lease runs out,
+-- and that delivery stores the result from here (start.lua answers 'finished').
+-- The broker keeps no copy of a running task (lanes.transport), so this lease
+-- is what brings the result row back. Settled, the record goes away with the
+-- task, so a finished chat leaves no key behind; a small tombstone outside the
+-- chat's keys answers any copy still in the broker for a while.
+redis.call('HSET', KEYS[1], 'st', ARGV[2], 'res', ARGV[3], 'own', '')
 redis.call('SET', KEYS[7], ARGV[2] .. '|' .. ARGV[3], 'EX', tonumber(ARGV[5]))
-redis.call('ZREM', KEYS[2], KEYS[1])
+redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + tonumber(ARGV[15]), KEYS[1])
 
 local field = ARGV[9]
 if ARGV[2] == 'done' then

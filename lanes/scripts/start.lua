@@ -11,12 +11,16 @@
 --   'dead|null'} | {'gone'} (never accepted, or finished long ago) | {'stale'}
 --   | {'busy', owner} | {'nothead'} | {'poison', deliveries}
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat')
+local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat', 'res')
 local st = f[1]
 if not st then
   local tomb = redis.call('GET', KEYS[7])
   if tomb then return {'finished', tomb} end
   return {'gone'}
+end
+if st == 'done' or st == 'dead' then
+  -- Finished, not yet settled: its worker may have died before the result row.
+  return {'finished', st .. '|' .. (f[5] or 'null')}
 end
 if tonumber(ARGV[2]) < tonumber(f[2]) then return {'stale'} end
 local now = tonumber(ARGV[4])

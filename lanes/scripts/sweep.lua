@@ -1,4 +1,5 @@
--- sweep.lua: republish tasks whose lease expired (their worker or publisher died).
+-- sweep.lua: republish tasks whose lease expired (their worker or publisher died,
+-- or a finished task's worker died before storing its result row).
 --
 -- KEYS[1] leases
 -- ARGV: 1 now ms, 2 most to handle, 3 queued lease ms, 4 delayed-set key prefix,
@@ -25,6 +26,14 @@ for _, record in ipairs(expired) do
   if st == 'queued' and still_in_broker(record, ARGV[5], window) ~= false then
     redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), record)  -- still waiting: look again later
     waiting = waiting + 1
+  elseif (st == 'done' or st == 'dead') and still_in_broker(record, ARGV[5], window) ~= false then
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), record)  -- its copy is on the way
+    waiting = waiting + 1
+  elseif st == 'done' or st == 'dead' then
+    -- Finished but never settled: its worker died before storing the result
+    -- row. A copy lets a worker store it from the record (start.lua).
+    publish_record(record, KEYS[1], now + tonumber(ARGV[3]), st)
+    republished = republished + 1
   elseif st == 'queued' or st == 'running' or st == 'retry' then
     if st == 'retry' then redis.call('ZREM', ARGV[4] .. f[2], record) end
     if publish_record(record, KEYS[1], now + tonumber(ARGV[3])) then

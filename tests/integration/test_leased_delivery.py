@@ -1,0 +1,149 @@
+"""A platform message costs no broker bookkeeping between pop and ack; its lease covers it.
+
+kombu keeps a copy of each delivered message in Redis (``unacked``) until the
+ack; for a platform task the record's lease does that job (``lanes.transport``,
+``finish.lua``, ``tasks.leases``). These tests hold the two halves of that
+bargain: the broker calls are gone, and nothing that kombu's copy used to
+rescue is lost without it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+
+import pytest
+from kombu import Connection, Exchange, Queue
+
+from lanes import keys
+from lanes.transport import LEASED_HEADER
+from tasks import maintenance, probe
+from tasks.dispatch import dispatch
+from tests.support.helpers import define, lane_depth, unique, wait_until
+
+TRANSPORT = "lanes.transport:Transport"
+
+
+@pytest.fixture
+def kombu_queue(redis_server, rc):
+    name = unique("leased")
+    with Connection(redis_server.url, transport=TRANSPORT) as conn:
+        channel = conn.channel()
+        queue = Queue(name, Exchange(name, type="direct"), routing_key=name, channel=channel)
+        queue.declare()
+        producer = conn.Producer(channel=channel)
+
+        def publish(body: dict, leased: bool) -> None:
+            headers = {LEASED_HEADER: True} if leased else {}
+            producer.publish(body, exchange=queue.exchange, routing_key=name, serializer="json", headers=headers)
+
+        yield conn, channel, queue, publish
+    rc.delete(name)
+
+
+def _unacked(rc) -> tuple[int, int]:
+    return rc.hlen("unacked"), rc.zcard("unacked_index")
+
+
+def test_a_leased_message_is_neither_recorded_nor_acked_in_redis(kombu_queue, rc):
+    _conn, _channel, queue, publish = kombu_queue
+    before = _unacked(rc)
+    publish({"n": 1}, leased=True)
+    message = queue.get(no_ack=False)
+    assert message.payload == {"n": 1}
+    assert _unacked(rc) == before, "a leased message was recorded as unacked"
+    probe.install(sql=False)
+    trips = probe.snapshot().get("redis_round_trips", 0)
+    message.ack()
+    assert probe.snapshot().get("redis_round_trips", 0) == trips, "the ack of a leased message called Redis"
+
+
+def test_any_other_message_keeps_kombus_unacked_copy(kombu_queue, rc):
+    _conn, _channel, queue, publish = kombu_queue
+    before_hash, _ = _unacked(rc)
+    publish({"n": 2}, leased=False)
+    message = queue.get(no_ack=False)
+    assert _unacked(rc)[0] == before_hash + 1
+    message.ack()
+    assert _unacked(rc)[0] == before_hash
+
+
+def test_a_rejected_leased_message_goes_back_to_its_queue(kombu_queue, rc):
+    _conn, channel, queue, publish = kombu_queue
+    publish({"n": 3}, leased=True)
+    message = queue.get(no_ack=False)
+    message.reject(requeue=True)
+    assert channel.qos.can_consume()
+    again = queue.get(no_ack=False)
+    assert again is not None and again.payload == {"n": 3} and again.delivery_info["redelivered"]
+    again.ack()
+
+
+def test_a_leased_message_held_when_the_channel_closes_goes_back_to_its_queue(kombu_queue, rc):
+    _conn, channel, queue, publish = kombu_queue
+    publish({"n": 4}, leased=True)
+    held = queue.get(no_ack=False)
+    assert held is not None and rc.llen(queue.name) == 0
+    channel.close()  # what a warm shutdown does with prefetched messages
+    assert rc.llen(queue.name) == 1
+    assert json.loads(base64.b64decode(json.loads(rc.lindex(queue.name, 0))["body"])) == {"n": 4}
+
+
+def test_a_worker_that_died_after_finishing_but_before_the_result_row_still_gets_its_row(start_worker, sink, rc):
+    """Without kombu's copy, the finished record's lease brings the result row back, and the
+    handler's effect is not made again."""
+    from django_celery_results.models import TaskResult
+
+    from dispatchsite.celery import app
+    from tasks.execution import execute
+
+    name, lane = unique("settle"), unique("l-settle")
+    define(name, handler="http.post", lane=lane, options={"url": sink.url}, chat_scoped=True)
+    chat = unique("chat")
+    result = dispatch.delay(name, {"order": 7}, chat_id=chat)
+    record = keys.task_record(result.task_id, chat)
+
+    # A worker pops the message, runs the task to its end (finish.lua) and dies
+    # before Celery stores the row: here, the task body run in this process.
+    raw = json.loads(next(rc.rpop(q) for q in keys.lane_queues(lane) if rc.llen(q)))
+    _args, kwargs, _embed = json.loads(raw["body"])
+    task = app.tasks["http.post"]
+    task.push_request(id=result.task_id, delivery_info={})
+    try:
+        assert execute(task, (), kwargs) == {"status": 200}
+    finally:
+        task.pop_request()
+    assert sink.sink.applied == {result.task_id: 1}
+    assert rc.hget(record, "st") == b"done", "the finished record must outlive the unstored row"
+    assert not TaskResult.objects.filter(task_id=result.task_id).exists()
+
+    # Its lease runs out: the sweep sends a copy, whose delivery stores the row from the record.
+    rc.zadd(keys.LEASES, {record: int((time.time() - 1) * 1000)})
+    republished, _ = maintenance.sweep()
+    assert republished >= 1 and lane_depth(rc, lane) == 1
+    start_worker(lane, concurrency=1)
+    assert result.get(timeout=30) == {"status": 200}
+    row = wait_until(lambda: TaskResult.objects.filter(task_id=result.task_id).first(), what="result row")
+    assert row.status == "SUCCESS"
+    assert sink.sink.applied == {result.task_id: 1} and len(sink.sink.attempts) == 1  # not run again
+    # Stored, the record is settled: no key of the chat is left.
+    wait_until(lambda: not rc.exists(record) and rc.zscore(keys.LEASES, record) is None, timeout=10,
+               what="the record settled")
+
+
+def test_finished_records_are_settled_once_their_rows_are_stored(start_worker, rc):
+    from django_celery_results.models import TaskResult
+
+    name, lane = unique("settled"), unique("l-settled")
+    define(name, lane=lane, chat_scoped=True)
+    start_worker(lane, concurrency=2)
+    chats = [unique(f"c{i}") for i in range(3)]
+    results = [dispatch.delay(name, {"i": i}, chat_id=chats[i % 3]) for i in range(30)]
+    for r in results:
+        r.get(timeout=30)
+    assert TaskResult.objects.filter(task_id__in=[r.task_id for r in results], status="SUCCESS").count() == 30
+    records = [keys.task_record(r.task_id, chats[i % 3]) for i, r in enumerate(results)]
+    wait_until(lambda: not any(rc.exists(record) for record in records), timeout=10, what="records settled")
+    assert all(rc.zscore(keys.LEASES, record) is None for record in records)
+    assert not rc.hexists("unacked", f"{results[0].task_id}.1")
