@@ -130,9 +130,9 @@ REDIS_URL = os.environ.get("REDIS_URL") or (
 DISPATCH_LEASE_S = float(os.environ.get("DISPATCH_LEASE_S", "30"))
 #: Seconds after which the recovery sweep checks that a published, not yet
 #: started task is still in the broker, and republishes it if not (a worker
-#: killed between kombu's pop and its unacked record loses the message: the
-#: fault campaign found a chat blocked for this long). Was 600; a task that
-#: merely waits longer in a backlog is found there and not copied.
+#: killed between its pop and the claim loses the message: the broker keeps no
+#: copy of a platform message a worker holds, lanes.transport). Was 600; a task
+#: that merely waits longer in a backlog is found there and not copied.
 DISPATCH_QUEUED_LEASE_S = float(os.environ.get("DISPATCH_QUEUED_LEASE_S", "60"))
 #: Seconds any call to Redis by the platform (dispatch, workers' bookkeeping) may take
 #: before it fails: dispatch then answers ``unavailable`` instead of hanging.

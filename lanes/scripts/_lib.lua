@@ -24,12 +24,13 @@ local function publish_record(record, leases_key, lease_until, state)
   return true
 end
 
--- Is the record's latest published copy still in the broker: reserved by a
--- worker (kombu's unacked hash, keyed by delivery tag) or waiting in its lane
--- list (searched from the consuming end, at most ``window`` entries)? Returns
--- nil when it cannot tell (a longer list). A copy kombu restored from unacked
--- was re-serialised and is not recognised: it is republished, a harmless extra
--- copy (execution claims drop it).
+-- Is the record's latest published copy still in the broker: waiting in its
+-- lane list (searched from the consuming end, at most ``window`` entries), or
+-- reserved by a worker in kombu's unacked hash (messages published before
+-- platform messages were marked as leased)? Returns nil when it cannot tell (a
+-- longer list). A copy a worker holds, or one restored to the list (it was
+-- re-serialised), is not recognised: it is republished, a harmless extra copy
+-- (execution claims drop it).
 local function still_in_broker(record, unacked_key, window)
   local f = redis.call('HMGET', record, 'msg', 'q', 'pub')
   if not f[1] then return false end

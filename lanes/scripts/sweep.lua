@@ -11,10 +11,11 @@
 -- a lost publish is not.
 --
 -- A queued task whose lease ran out is republished only if its copy is no
--- longer in the broker: kombu pops a message (BRPOP) before it records it as
--- unacked, so a worker killed in between loses it. The queued lease can then
--- be short (the fault campaign found a chat blocked for the whole lease),
--- without every task that merely waits long in a backlog getting copies.
+-- longer in the broker: a worker pops a message (BRPOP) before it claims it,
+-- and the broker keeps no copy of a platform message a worker holds
+-- (lanes.transport), so a worker killed in between loses it. The queued lease
+-- can then be short (the fault campaign found a chat blocked for the whole
+-- lease), without every task that merely waits long in a backlog getting copies.
 
 local now = tonumber(ARGV[1])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
