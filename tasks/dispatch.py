@@ -22,9 +22,8 @@ from celery.result import AsyncResult
 from django.conf import settings
 
 from dispatchsite.celery import app
-from lanes import keys
+from lanes import keys, scripts
 from lanes.priorities import to_kombu
-from lanes.scripts import script
 from tasks import config, hooks
 from tasks.messages import Envelope, build_message
 from tasks.validation import Invalid, check_dispatch
@@ -129,14 +128,15 @@ def admit(
         idem_key = keys.idempotency(tc.name, checked.idempotency_key) if checked.idempotency_key else record
         chat_key = keys.chat_queue(chat) if chat else record
         try:
-            reply = script("admit")(
-                keys=[
+            reply = scripts.call(
+                "admit",
+                [
                     keys.CONFIG_VERSION, record, keys.LEASES, idem_key, chat_key,
                     keys.lane_chat_waiting(tc.lane), keys.lane_delayed(tc.lane), keys.METRICS_TOTAL,
                     keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(tc.lane),
                     keys.metrics_minute(minute - 1),
                 ],
-                args=[
+                [
                     snap.version, int(now * 1000), task_id, message, kombu_priority,
                     "1" if lane is None or lane.accepting else "0",
                     lane.capacity if lane else 0, chat, tc.chat_queue_size,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from lanes import keys
@@ -41,7 +41,11 @@ class Envelope:
     meta: dict | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # Not dataclasses.asdict: it deep-copies, and this runs on every dispatch
+        # only to be serialised at once.
+        return {"type": self.type, "lane": self.lane, "priority": self.priority, "attempt": self.attempt,
+                "deadline": self.deadline, "dispatched_at": self.dispatched_at, "chat": self.chat,
+                "key": self.key, "meta": self.meta}
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:

@@ -115,14 +115,18 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _ensure_flusher() -> None:
+    # Runs on every count: decided once per process (the directory comes from
+    # the environment the process was started with).
     global _flusher_pid
-    directory = os.environ.get("DISPATCH_PROBE_DIR")
-    if not directory or _flusher_pid == os.getpid():
+    if _flusher_pid == os.getpid():
         return
     with _lock:
         if _flusher_pid == os.getpid():
             return
         _flusher_pid = os.getpid()
+    directory = os.environ.get("DISPATCH_PROBE_DIR")
+    if not directory:
+        return
     threading.Thread(target=_flush_forever, args=(Path(directory),), name="probe-flush", daemon=True).start()
 
 

@@ -10,9 +10,8 @@ import random
 import time
 from typing import Any
 
-from lanes import keys
+from lanes import keys, scripts
 from lanes.forksafe import ForkSafeLock
-from lanes.redis_client import get_redis
 from tasks.errors import RetryableError
 from tasks.registry import handler
 
@@ -55,10 +54,6 @@ def sink(payload: dict, ctx: Any) -> dict:
         # A deliberately broken sink: every drop_every-th message this process
         # handles for the run is "applied" without a trace. Proves the checker can fail.
         return {"applied": False}
-    pipe = get_redis().pipeline(transaction=False)
-    pipe.hincrby(applied_key(run), key, 1)
-    pipe.rpush(log_key(run), f"{ctx.chat_id}\t{seq}\t{now_ms}\t{key}")
-    pipe.expire(applied_key(run), RECORD_TTL_S)
-    pipe.expire(log_key(run), RECORD_TTL_S)
-    pipe.execute()
+    scripts.call("sink_record", [applied_key(run), log_key(run)],
+                 [key, f"{ctx.chat_id}\t{seq}\t{now_ms}\t{key}", RECORD_TTL_S])
     return {"applied": True}

@@ -73,3 +73,14 @@ def test_priority_mapping_puts_urgent_first_in_kombu_order():
     assert sorted(range(10), key=to_kombu) == list(range(9, -1, -1))
     with pytest.raises(ValueError):
         to_kombu(10)
+
+
+def test_an_envelope_round_trips_every_field():
+    from dataclasses import asdict
+
+    from tasks.messages import Envelope
+
+    env = Envelope(type="t", lane="l", priority=3, attempt=2, deadline=10.5, dispatched_at=1.25, chat="c",
+                   key="k", meta={"trace": "x"})
+    assert env.as_dict() == asdict(env)  # the hand-written form misses no field
+    assert Envelope.from_dict(env.as_dict()) == env
