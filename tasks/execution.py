@@ -25,7 +25,7 @@ from typing import Any
 
 import redis
 from billiard.exceptions import SoftTimeLimitExceeded
-from celery import Task, signals
+from celery import Task, signals, states
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
@@ -73,11 +73,12 @@ class HandlerTask(Task):
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Celery calls this once the result row is stored: the finished record
-        # may go (tasks.leases.settle). Not called when storing failed, so the
-        # record's lease runs out and a copy stores the row again.
-        record = getattr(self.request, "dispatch_settle", None)
-        if record:
-            leases.settle(record)
+        # may go (tasks.leases.settle). When the row could not be stored (no
+        # call here) or a failure to store it was stored instead (another
+        # state), the record stays: its lease runs out and a copy stores the row.
+        settle = getattr(self.request, "dispatch_settle", None)
+        if settle and settle[1] == status:
+            leases.settle(settle[0])
 
 
 @signals.worker_process_shutdown.connect(weak=False)
@@ -206,7 +207,7 @@ class _Run:
             # Finished, but its worker may have died before Celery stored the
             # outcome: store it again (the result row is written idempotently).
             outcome, _, result_json = reply[1].decode().partition("|")
-            self.task.request.dispatch_settle = self.record
+            self.task.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
             logger.info("redelivery_of_finished task=%s outcome=%s", self.task_id, outcome)
             if outcome == "done":
                 raise _Finished(json.loads(result_json))
@@ -273,7 +274,7 @@ class _Run:
             # task: its attempt records the outcome; this one stores nothing.
             logger.warning("finish_skipped task=%s taken_by=%s", self.task_id, reply[1].decode())
             raise Ignore()
-        self.task.request.dispatch_settle = self.record
+        self.task.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
 
     def _info(self, now: float, **extra: Any) -> hooks.TaskInfo:
         env = self.env
@@ -281,6 +282,9 @@ class _Run:
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
         return hooks.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
 
+
+#: The result row's state that records each outcome.
+_ROW_STATE = {"done": states.SUCCESS, "dead": states.FAILURE}
 
 #: Redis errors after which a call may or may not have run.
 _UNANSWERED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)

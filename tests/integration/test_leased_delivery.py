@@ -147,3 +147,21 @@ def test_finished_records_are_settled_once_their_rows_are_stored(start_worker, r
     wait_until(lambda: not any(rc.exists(record) for record in records), timeout=10, what="records settled")
     assert all(rc.zscore(keys.LEASES, record) is None for record in records)
     assert not rc.hexists("unacked", f"{results[0].task_id}.1")
+
+
+def test_a_record_is_settled_only_when_the_row_stored_is_its_outcome(monkeypatch):
+    """If Celery could not store SUCCESS and stored a FAILURE about that instead, the record must
+    stay, so that its copy stores the right row later."""
+    from dispatchsite.celery import app
+    from tasks import leases
+
+    settled: list[str] = []
+    monkeypatch.setattr(leases, "settle", settled.append)
+    task = app.tasks["demo.echo"]
+    for status in ("FAILURE", "SUCCESS"):
+        task.push_request(id="t-settle", dispatch_settle=("rec:t-settle", "SUCCESS"))
+        try:
+            task.after_return(status, None, "t-settle", (), {}, None)
+        finally:
+            task.pop_request()
+    assert settled == ["rec:t-settle"]
