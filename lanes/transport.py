@@ -45,20 +45,18 @@ LEASED_HEADER = "dispatch_leased"
 
 
 class QoS(kombu_redis.QoS):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._leased: set = set()  # tags of delivered messages tracked by a platform lease
+    def _leased(self, delivery_tag) -> bool:
+        message = self._delivered.get(delivery_tag)
+        return message is not None and message.headers.get(LEASED_HEADER) is True
 
     def append(self, message, delivery_tag):
         if message.headers.get(LEASED_HEADER) is True:
-            self._leased.add(delivery_tag)
             virtual.QoS.append(self, message, delivery_tag)
             return
         super().append(message, delivery_tag)
 
     def ack(self, delivery_tag):
-        if delivery_tag in self._leased:
-            self._leased.discard(delivery_tag)
+        if self._leased(delivery_tag):
             virtual.QoS.ack(self, delivery_tag)
             return
         try:
@@ -68,12 +66,11 @@ class QoS(kombu_redis.QoS):
             raise
 
     def reject(self, delivery_tag, requeue=False):
-        if delivery_tag in self._leased:
+        if self._leased(delivery_tag):
             try:
                 if requeue:
                     self.restore_by_tag(delivery_tag, leftmost=True)
             finally:
-                self._leased.discard(delivery_tag)
                 virtual.QoS.ack(self, delivery_tag)
             return
         try:
@@ -83,9 +80,9 @@ class QoS(kombu_redis.QoS):
             raise
 
     def restore_by_tag(self, tag, client=None, leftmost=False):
-        message = self._delivered.get(tag) if tag in self._leased else None
-        if message is None:
+        if not self._leased(tag):
             return super().restore_by_tag(tag, client=client, leftmost=leftmost)
+        message = self._delivered[tag]
         # From memory: Redis holds no copy. If this fails, the record's lease
         # runs out and the sweep republishes the task.
         delivery = message.delivery_info

@@ -89,23 +89,21 @@ def settle(record: str) -> None:
     _ensure_thread()
 
 
-def settle_now() -> int:
-    """Remove every queued finished record now (one call per batch); returns how many were sent."""
-    sent = 0
+def settle_now() -> None:
+    """Remove every queued finished record now, one call per batch."""
     while True:
         with _lock:
             batch = _settling[:SETTLE_BATCH]
             del _settling[:SETTLE_BATCH]
         if not batch:
-            return sent
+            return
         try:
             scripts.call("forget", [keys.LEASES, *batch], [])
         except Exception:
             with _lock:
                 _settling[:0] = batch  # Redis away: keep them for the next call
             logger.warning("settle_failed records=%d", len(batch), exc_info=True)
-            return sent
-        sent += len(batch)
+            return
 
 
 def _ensure_thread() -> None:

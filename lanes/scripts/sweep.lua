@@ -24,20 +24,16 @@ local window = tonumber(ARGV[6])
 for _, record in ipairs(expired) do
   local f = redis.call('HMGET', record, 'st', 'lane')
   local st = f[1]
-  if st == 'queued' and still_in_broker(record, ARGV[5], window) ~= false then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), record)  -- still waiting: look again later
+  local finished = st == 'done' or st == 'dead'
+  if (st == 'queued' or finished) and still_in_broker(record, ARGV[5], window) ~= false then
+    -- A copy is still on its way (waiting, or sent to store a finished task's row): look again later.
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), record)
     waiting = waiting + 1
-  elseif (st == 'done' or st == 'dead') and still_in_broker(record, ARGV[5], window) ~= false then
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), record)  -- its copy is on the way
-    waiting = waiting + 1
-  elseif st == 'done' or st == 'dead' then
-    -- Finished but never settled: its worker died before storing the result
-    -- row. A copy lets a worker store it from the record (start.lua).
-    publish_record(record, KEYS[1], now + tonumber(ARGV[3]), st)
-    republished = republished + 1
-  elseif st == 'queued' or st == 'running' or st == 'retry' then
+  elseif finished or st == 'queued' or st == 'running' or st == 'retry' then
     if st == 'retry' then redis.call('ZREM', ARGV[4] .. f[2], record) end
-    if publish_record(record, KEYS[1], now + tonumber(ARGV[3])) then
+    -- A finished record was never settled (its worker died before storing the
+    -- result row): it keeps its state, so its copy only stores the row (start.lua).
+    if publish_record(record, KEYS[1], now + tonumber(ARGV[3]), finished and st or nil) then
       republished = republished + 1
     else
       redis.call('ZREM', KEYS[1], record)
