@@ -77,3 +77,23 @@ class LaneEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.lane}"
+
+
+class ConfigRevision(models.Model):
+    """One row counting configuration changes, bumped in the same transaction as the change.
+
+    Redis's config version tells running processes about a change at once; this
+    counter is the database's own record, which each process compares every few
+    seconds, so a change whose Redis bump was lost (Redis unreachable) is still
+    picked up without another save.
+    """
+
+    revision = models.PositiveBigIntegerField(
+        "revision", default=0, help_text="Incremented by every save or delete of a lane, retry policy or task type.",
+    )
+
+    class Meta:
+        verbose_name = "configuration revision"
+
+    def __str__(self) -> str:
+        return f"revision {self.revision}"
