@@ -135,6 +135,7 @@ def admit(
                     keys.lane_chat_waiting(tc.lane), keys.lane_delayed(tc.lane), keys.METRICS_TOTAL,
                     keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(tc.lane),
                     keys.metrics_minute(minute - 1),
+                    keys.legacy_idempotency(tc.name, checked.idempotency_key) if checked.idempotency_key else record,
                 ],
                 [
                     snap.version, int(now * 1000), task_id, message, kombu_priority,
