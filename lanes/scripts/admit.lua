@@ -12,7 +12,9 @@
 --   (no idempotency key), 11 idempotency window s, 12 queued lease ms,
 --   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue)
 -- KEYS[21] metrics of the previous minute (for the lane's recent completion rate)
--- KEYS[22] deadlines of waiting tasks (zset)   KEYS[23] paused lanes (set)
+-- KEYS[22] the idempotency key in its old, ambiguous format: read (never written)
+--   when KEYS[4] is absent, until keys stored before the upgrade have expired
+-- KEYS[23] deadlines of waiting tasks (zset)   KEYS[24] paused lanes (set)
 -- ARGV[16] the task's deadline, epoch ms
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
@@ -45,6 +47,9 @@ end
 
 if digest ~= '' and ARGV[15] ~= '1' then
   local earlier = redis.call('HMGET', KEYS[4], 'task', 'digest')
+  if not earlier[1] and KEYS[22] then
+    earlier = redis.call('HMGET', KEYS[22], 'task', 'digest')
+  end
   if earlier[1] then
     if earlier[2] ~= digest then
       count('rejected', '|idempotency_conflict')
@@ -89,7 +94,7 @@ end
 local queue_key = KEYS[11 + tonumber(ARGV[5])]
 redis.call('HSET', KEYS[2], 'msg', ARGV[4], 'q', queue_key, 'lane', lane, 'type', ttype,
   'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', '0', 'dl', ARGV[16])
-redis.call('ZADD', KEYS[22], tonumber(ARGV[16]), KEYS[2])
+redis.call('ZADD', KEYS[23], tonumber(ARGV[16]), KEYS[2])
 if publish then
   publish_record(KEYS[2], KEYS[3], now + tonumber(ARGV[12]))
 end
@@ -102,4 +107,4 @@ local done_field, busy_field = 'completed|' .. lane, 'busy|' .. lane
 return {'ok', position, depth, redis.call('HGET', KEYS[9], done_field) or '0',
   redis.call('HGET', KEYS[21], done_field) or '0', ahead,
   redis.call('HGET', KEYS[9], busy_field) or '0', redis.call('HGET', KEYS[21], busy_field) or '0',
-  redis.call('SISMEMBER', KEYS[23], lane)}
+  redis.call('SISMEMBER', KEYS[24], lane)}
