@@ -429,6 +429,29 @@ class LaneRow:
         return data
 
 
+# --- the maintenance loop's own counters (tasks.maintenance) -------------------
+
+#: Counters of the maintenance loop, summed over every process that runs it.
+MAINTENANCE_COUNTS = ("runs", "promoted", "swept", "expired")
+
+
+def record_maintenance(client: Redis, now: float, *, promoted: int = 0, swept: int = 0, expired: int = 0) -> None:
+    """Count one maintenance pass (one pipelined round trip)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(keys.MAINTENANCE_STATS, "runs", 1)
+    pipe.hset(keys.MAINTENANCE_STATS, "last_run", f"{now:.3f}")
+    for name, value in (("promoted", promoted), ("swept", swept), ("expired", expired)):
+        if value:
+            pipe.hincrby(keys.MAINTENANCE_STATS, name, int(value))
+    pipe.execute()
+
+
+def read_maintenance(client: Redis) -> dict[str, float]:
+    """``runs``, ``promoted``, ``swept``, ``expired`` totals and ``last_run`` (epoch s; 0 if never)."""
+    raw = {_text(k): float(v) for k, v in client.hgetall(keys.MAINTENANCE_STATS).items()}
+    return {name: raw.get(name, 0.0) for name in (*MAINTENANCE_COUNTS, "last_run")}
+
+
 def snapshot(client: Redis | None = None, now: float | None = None,
              lane_names: list[str] | None = None) -> dict[str, Any]:
     """Everything the dashboard and ``manage.py lanes`` show, as JSON-able data."""

@@ -191,7 +191,8 @@ class _Run:
             reply = scripts.call(
                 "start",
                 [self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
-                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id)],
+                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id),
+                 keys.DEADLINES],
                 [self.task_id, env.attempt, owner, int(now * 1000),
                  int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
                  self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
@@ -231,7 +232,8 @@ class _Run:
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
         reply = _until_answered(lambda: scripts.call(
             "retry",
-            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now)],
+            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now),
+             keys.DEADLINES],
             [next_env.attempt, message, int((now + decision.delay_s) * 1000),
              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field, self.owner],
         ), "retry", self.task_id)
@@ -266,7 +268,8 @@ class _Run:
         reply = _until_answered(lambda: scripts.call(
             "finish",
             [self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
-             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id)],
+             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id),
+             keys.DEADLINES],
             [self.task_id, outcome, _bounded(result_json), int(now * 1000), _tombstone_ttl_s(),
              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
              keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
