@@ -44,6 +44,7 @@ INSTALLED_APPS = [
     "django_celery_results",
     "lanes",
     "tasks",
+    "api",
 ]
 
 MIDDLEWARE = [
@@ -209,3 +210,11 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --- HTTP API (api/) ----------------------------------------------------------
+#: Requests per second a new service token may make (each token's own limit is in the admin).
+DISPATCH_API_RATE_PER_S = int(os.environ.get("DISPATCH_API_RATE_PER_S", "100"))
+#: Largest request body the API reads, in bytes (a bigger one is refused with 413).
+DISPATCH_API_MAX_BODY_BYTES = int(os.environ.get("DISPATCH_API_MAX_BODY_BYTES", str(2 * 1024 * 1024)))
+#: Serve the interactive API docs at /api/v1/docs (staff only).
+DISPATCH_API_DOCS = env_bool("DISPATCH_API_DOCS", True)
