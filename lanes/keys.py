@@ -93,3 +93,22 @@ def paused_workers(lane: str) -> str:
 def metrics_samples(lane: str) -> str:
     """Sorted set of (time, waiting, completed-total) samples of a lane, for the dashboard charts."""
     return f"{PREFIX}m:samples:{lane}"
+
+
+# --- worker heartbeats (which lanes have a live consumer) ----------------------
+
+#: Sorted set of live workers: hostname -> heartbeat expiry (ms since the epoch).
+WORKERS = PREFIX + "workers"
+
+
+def worker_heartbeat(hostname: str) -> str:
+    """A worker's last heartbeat (JSON: queues, pid, host, started), expiring unless renewed."""
+    return f"{PREFIX}worker:{hostname}"
+
+
+def lane_consumers(lane: str) -> str:
+    """Sorted set of the workers holding ``lane``: hostname -> heartbeat expiry (ms since the epoch).
+
+    Read by admission (one ZCOUNT in admit.lua) and by every operator view.
+    """
+    return f"{PREFIX}lanes:consumers:{lane}"

@@ -23,6 +23,7 @@ from django.conf import settings
 
 from dispatchsite.celery import app
 from lanes import keys, scripts
+from lanes.consumers import no_consumer_detail
 from lanes.priorities import to_kombu
 from tasks import config, hooks
 from tasks.messages import Envelope, build_message
@@ -134,7 +135,7 @@ def admit(
                     keys.CONFIG_VERSION, record, keys.LEASES, idem_key, chat_key,
                     keys.lane_chat_waiting(tc.lane), keys.lane_delayed(tc.lane), keys.METRICS_TOTAL,
                     keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(tc.lane),
-                    keys.metrics_minute(minute - 1),
+                    keys.metrics_minute(minute - 1), keys.lane_consumers(tc.lane),
                 ],
                 [
                     snap.version, int(now * 1000), task_id, message, kombu_priority,
@@ -201,6 +202,8 @@ def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, chec
     waiting = depth + (position - 1 if tc.chat_scoped else 0)
     estimated = round(waiting / rate, 3) if rate > 0 else None
     result = DispatchResult(True, task_id, tc.lane, checked.priority, position, estimated_delay=estimated)
+    if len(reply) > 5 and int(reply[5]) == 0:
+        result.detail = no_consumer_detail(tc.lane)
     hooks.emit_queued(task_id, tc, checked.chat_id if tc.chat_scoped else "", now)
     return result
 

@@ -12,9 +12,10 @@
 --   (no idempotency key), 11 idempotency window s, 12 queued lease ms,
 --   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue)
 -- KEYS[21] metrics of the previous minute (for the lane's recent completion rate)
+-- KEYS[22] the lane's live consumers (zset: worker -> heartbeat expiry ms; lanes.consumers)
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
---   completed_previous_minute}
+--   completed_previous_minute, live_consumers}
 --
 -- Because Redis runs a script alone, a dispatch appending to a chat and a worker
 -- handing the chat over (finish.lua) can never interleave: the seed's race, where
@@ -85,4 +86,4 @@ end
 count('dispatched')
 local done_field = 'completed|' .. lane
 return {'ok', position, depth, redis.call('HGET', KEYS[9], done_field) or '0',
-  redis.call('HGET', KEYS[21], done_field) or '0'}
+  redis.call('HGET', KEYS[21], done_field) or '0', redis.call('ZCOUNT', KEYS[22], now, '+inf')}
