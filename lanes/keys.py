@@ -63,6 +63,26 @@ def lane_chat_waiting(lane: str) -> str:
 
 
 def idempotency(task_type: str, key: str) -> str:
+    """The record of an idempotency key of ``task_type``.
+
+    The type's length comes first: type names may contain ``:``, and without it
+    type ``sms`` with key ``send:order-1`` and type ``sms:send`` with key
+    ``order-1`` shared one key (the second dispatch came back as a duplicate of
+    the first). ``idemp:`` rather than ``idem:`` keeps these apart from every
+    key of the old format (see ``legacy_idempotency``).
+    """
+    return f"{PREFIX}idemp:{len(task_type)}:{task_type}:{key}"
+
+
+def legacy_idempotency(task_type: str, key: str) -> str:
+    """The ambiguous key used before ``idempotency`` (kept only to honour keys stored then).
+
+    Admission still looks it up (never writes it) when the new key is absent, so
+    a retry of a call made just before an upgrade is still a duplicate; such keys
+    expire after their type's idempotency window, after which the lookup finds
+    nothing and can be removed. Lookup rather than a one-off rename: renaming
+    would have to re-parse the ambiguous names it exists to replace.
+    """
     return f"{PREFIX}idem:{task_type}:{key}"
 
 

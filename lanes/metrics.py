@@ -311,6 +311,15 @@ def record_rejection(client: Redis, lane: str, type_name: str, reason: str, deta
     pipe.execute()
 
 
+#: Counter field of dead letters whose row could not be written at all (the task still ended).
+DEAD_LETTER_WRITE_FAILURES = "dead_letter_write_failures"
+
+
+def count_dead_letter_write_failure(client: Redis, lane: str, type_name: str) -> None:
+    """Count a dead letter that ended in Redis with no row (alert on any increase)."""
+    client.hincrby(keys.METRICS_TOTAL, f"{DEAD_LETTER_WRITE_FAILURES}|{lane}|{type_name.replace('|', '_')}", 1)
+
+
 def maybe_sample(client: Redis, lanes: Iterable[str], now: float | None = None) -> bool:
     """Record one (waiting, completed-total) sample per lane, at most once per interval across processes."""
     if not client.set(keys.SAMPLE_LOCK, "1", nx=True, px=int(SAMPLE_INTERVAL_S * 1000 * 0.9)):

@@ -43,6 +43,9 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
                                   labels=["lane", "type", "attempt"])
     completed = CounterMetricFamily("dispatch_lane_completed", "Tasks that reached a terminal state, per lane.",
                                     labels=["lane"])
+    unwritten = CounterMetricFamily(
+        "dispatch_dead_letter_write_failures", "Dead tasks whose dead-letter row could not be written at all "
+        "(the task still ended; see the worker log's dead_letter_lost).", labels=["lane", "type"])
     hist_counts: dict[tuple[str, str, str], dict[str, float]] = {}
     hist_sums: dict[tuple[str, str, str], float] = {}
     for key, value in sorted(totals.items()):
@@ -55,6 +58,8 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
             retries.add_metric(list(key[1:]), value)
         elif kind == "completed" and len(key) == 2:
             completed.add_metric([key[1]], value)
+        elif kind == metrics.DEAD_LETTER_WRITE_FAILURES and len(key) == 3:
+            unwritten.add_metric(list(key[1:]), value)
         elif kind in ("qlat", "xlat") and len(key) == 4:
             hist_counts.setdefault((kind, key[1], key[2]), {})[key[3]] = value
         elif kind in ("qlat_sum", "xlat_sum") and len(key) == 3:
@@ -104,7 +109,7 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
     active = GaugeMetricFamily("dispatch_active_chats", "Chats with a backlog.", value=chats.get("active", 0))
     longest = GaugeMetricFamily("dispatch_chat_backlog_max", "The longest chat backlog.",
                                 value=chats.get("longest", 0))
-    return [tasks, rejected, dead, retries, completed, qlat, xlat, depth, scheduled, chat_waiting, in_flight,
+    return [tasks, rejected, dead, retries, completed, unwritten, qlat, xlat, depth, scheduled, chat_waiting, in_flight,
             capacity, accepting, paused, consumers, pending_dead, active, longest]
 
 

@@ -135,7 +135,9 @@ def admit(
                     keys.CONFIG_VERSION, record, keys.LEASES, idem_key, chat_key,
                     keys.lane_chat_waiting(tc.lane), keys.lane_delayed(tc.lane), keys.METRICS_TOTAL,
                     keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(tc.lane),
-                    keys.metrics_minute(minute - 1), keys.lane_consumers(tc.lane),
+                    keys.metrics_minute(minute - 1),
+                    keys.legacy_idempotency(tc.name, checked.idempotency_key) if checked.idempotency_key else record,
+                    keys.lane_consumers(tc.lane),
                 ],
                 [
                     snap.version, int(now * 1000), task_id, message, kombu_priority,

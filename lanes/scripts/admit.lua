@@ -12,7 +12,9 @@
 --   (no idempotency key), 11 idempotency window s, 12 queued lease ms,
 --   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue)
 -- KEYS[21] metrics of the previous minute (for the lane's recent completion rate)
--- KEYS[22] the lane's live consumers (zset: worker -> heartbeat expiry ms; lanes.consumers)
+-- KEYS[22] the idempotency key in its old, ambiguous format: read (never written)
+--   when KEYS[4] is absent, until keys stored before the upgrade have expired
+-- KEYS[23] the lane's live consumers (zset: worker -> heartbeat expiry ms; lanes.consumers)
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
 --   completed_previous_minute, live_consumers}
@@ -36,6 +38,9 @@ end
 
 if digest ~= '' and ARGV[15] ~= '1' then
   local earlier = redis.call('HMGET', KEYS[4], 'task', 'digest')
+  if not earlier[1] and KEYS[22] then
+    earlier = redis.call('HMGET', KEYS[22], 'task', 'digest')
+  end
   if earlier[1] then
     if earlier[2] ~= digest then
       count('rejected', '|idempotency_conflict')
@@ -86,4 +91,4 @@ end
 count('dispatched')
 local done_field = 'completed|' .. lane
 return {'ok', position, depth, redis.call('HGET', KEYS[9], done_field) or '0',
-  redis.call('HGET', KEYS[21], done_field) or '0', redis.call('ZCOUNT', KEYS[22], now, '+inf')}
+  redis.call('HGET', KEYS[21], done_field) or '0', redis.call('ZCOUNT', KEYS[23], now, '+inf')}
