@@ -153,6 +153,9 @@ FLOWER_URL = os.environ.get("FLOWER_URL", f"http://127.0.0.1:{os.environ.get('FL
 #: Modules imported at startup by every process (web, workers, commands) so the
 #: lifecycle-signal receivers they connect run where the events happen.
 DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
+#: A worker started with DISPATCH_CATCH_ALL=1 also consumes every lane that no
+#: other live worker consumes, lanes created at run time included (lanes.worker).
+DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")
 
 CELERY_BROKER_URL = REDIS_URL
 # django-celery-results' table, written with one upsert per task (tasks.results).

@@ -125,3 +125,22 @@ DEADLINES = PREFIX + "deadlines"
 EXPIRED_PENDING = PREFIX + "expired-pending"
 #: Hash of the maintenance loop's own counters (runs, last run, promoted, swept, expired).
 MAINTENANCE_STATS = PREFIX + "m:maintenance"
+
+
+# --- worker heartbeats (which lanes have a live consumer) ----------------------
+
+#: Sorted set of live workers: hostname -> heartbeat expiry (ms since the epoch).
+WORKERS = PREFIX + "workers"
+
+
+def worker_heartbeat(hostname: str) -> str:
+    """A worker's last heartbeat (JSON: queues, pid, host, started), expiring unless renewed."""
+    return f"{PREFIX}worker:{hostname}"
+
+
+def lane_consumers(lane: str) -> str:
+    """Sorted set of the workers holding ``lane``: hostname -> heartbeat expiry (ms since the epoch).
+
+    Read by admission (one ZCOUNT in admit.lua) and by every operator view.
+    """
+    return f"{PREFIX}lanes:consumers:{lane}"

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lanes import consumers as lane_consumers
 from lanes import histogram, keys
 from lanes.priorities import from_kombu
 
@@ -410,10 +411,17 @@ class LaneRow:
     dead_letters: int
     stats: dict[str, Any]
     series: list[dict[str, float | None]]
+    #: Live workers holding the lane, from their heartbeats (``lanes.consumers``).
+    consumers: list[str] = field(default_factory=list)
 
     @property
     def consuming(self) -> str:
-        return "paused" if self.paused else "consuming"
+        """``consuming``, ``paused``, or ``no worker``: tasks admitted to it wait until a worker comes."""
+        return lane_consumers.state(len(self.consumers), self.paused)
+
+    @property
+    def has_consumer(self) -> bool:
+        return bool(self.consumers)
 
     @property
     def admission(self) -> str:
@@ -424,6 +432,7 @@ class LaneRow:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["consuming"] = self.consuming
+        data["has_consumer"] = self.has_consumer
         data["admission"] = self.admission
         data["depth_by_priority"] = {str(p): n for p, n in sorted(self.depth_by_priority.items(), reverse=True)}
         return data
@@ -474,6 +483,7 @@ def snapshot(client: Redis | None = None, now: float | None = None,
     minutes = read_minutes(client, now)
     samples = read_samples(client, names, now)
     paused, draining = read_control_state(client, names)
+    holders = lane_consumers.read_holders(client, names, now)
     dead = dead_letter_counts()
     elapsed = now % 60
     rows = []
@@ -485,6 +495,7 @@ def snapshot(client: Redis | None = None, now: float | None = None,
             scheduled_retries=g.scheduled_retries, chat_waiting=g.chat_waiting, waiting=g.waiting,
             in_flight=g.in_flight, dead_letters=dead.get(lane.name, 0),
             stats=lane_stats(lane.name, minutes, elapsed), series=series_from_samples(samples[lane.name]),
+            consumers=holders.get(lane.name, []),
         ))
     window = merge(minutes)
     return {
@@ -506,6 +517,7 @@ def table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
         fail = s["failure_rate_15m"]
         rows.append({
             "lane": lane["name"], "admission": lane["admission"], "consuming": lane["consuming"],
+            "workers": len(lane["consumers"]),
             "depth": lane["depth"], "retries": lane["scheduled_retries"], "chat_wait": lane["chat_waiting"],
             "in_flight": lane["in_flight"],
             "disp/s 1m": s["dispatched_per_s"]["1m"], "done/s 1m": s["completed_per_s"]["1m"],

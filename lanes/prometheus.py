@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from lanes import consumers as lane_consumers
 from lanes import metrics
 from lanes.metrics import Counters, LaneGauges
 
@@ -87,6 +88,9 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
                                  labels=["lane"])
     accepting = GaugeMetricFamily("dispatch_lane_accepting", "1 if the lane admits new tasks.", labels=["lane"])
     paused = GaugeMetricFamily("dispatch_lane_paused", "1 if workers stopped consuming the lane.", labels=["lane"])
+    consumers = GaugeMetricFamily(
+        "dispatch_lane_consumers", "Live workers holding the lane, from their heartbeats (paused ones included); "
+        "0 means nothing consumes it and its tasks wait.", labels=["lane"])
     pending_dead = GaugeMetricFamily("dispatch_dead_letters_pending",
                                      "Dead letters not yet requeued or discarded.", labels=["lane"])
     for lane, g in sorted(gauges.items()):
@@ -99,13 +103,14 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
         capacity.add_metric([lane], conf.get("capacity", 0))
         accepting.add_metric([lane], 1 if conf.get("accepting") else 0)
         paused.add_metric([lane], 1 if conf.get("paused") else 0)
+        consumers.add_metric([lane], conf.get("consumers", 0))
     for lane, n in sorted(dead_letters.items()):
         pending_dead.add_metric([lane], n)
     active = GaugeMetricFamily("dispatch_active_chats", "Chats with a backlog.", value=chats.get("active", 0))
     longest = GaugeMetricFamily("dispatch_chat_backlog_max", "The longest chat backlog.",
                                 value=chats.get("longest", 0))
     return [tasks, rejected, dead, retries, completed, unwritten, qlat, xlat, depth, scheduled, chat_waiting,
-            in_flight, capacity, accepting, paused, pending_dead, active, longest,
+            in_flight, capacity, accepting, paused, consumers, pending_dead, active, longest,
             *maintenance_families(maintenance or {})]
 
 
@@ -143,6 +148,8 @@ class DispatchCollector(Collector):
         paused, _ = metrics.read_control_state(client, lanes)
         for name in paused:
             lanes[name]["paused"] = True
+        for name, holders in lane_consumers.read_holders(client, lanes, now).items():
+            lanes[name]["consumers"] = len(holders)
         yield from families(
             totals=metrics.read_totals(client),
             gauges=metrics.read_gauges(client, lanes, now, settings.DISPATCH_LEASE_S),

@@ -23,6 +23,7 @@ from django.conf import settings
 
 from dispatchsite.celery import app
 from lanes import keys, scripts
+from lanes.consumers import no_consumer_detail
 from lanes.priorities import to_kombu
 from tasks import config, hooks
 from tasks.estimate import estimate_delay
@@ -137,7 +138,7 @@ def admit(
                     keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(tc.lane),
                     keys.metrics_minute(minute - 1),
                     keys.legacy_idempotency(tc.name, checked.idempotency_key) if checked.idempotency_key else record,
-                    keys.DEADLINES, keys.PAUSED_LANES,
+                    keys.DEADLINES, keys.PAUSED_LANES, keys.lane_consumers(tc.lane),
                 ],
                 [
                     snap.version, int(now * 1000), task_id, message, kombu_priority,
@@ -201,8 +202,10 @@ def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, chec
     estimated, why = estimate_delay(
         lane=tc.lane, ahead_in_lane=int(reply[5]), ahead_in_chat=position - 1 if tc.chat_scoped else 0,
         completed=int(reply[3]) + int(reply[4]), busy_s=float(reply[6]) + float(reply[7]),
-        window_s=60 + now % 60, paused=int(reply[8]) == 1,
+        window_s=60 + now % 60, paused=int(reply[8]) == 1, consumers=int(reply[9]),
     )
+    if int(reply[9]) == 0 and int(reply[8]) != 1:
+        why = no_consumer_detail(tc.lane)
     result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
                             estimated_delay=estimated)
     hooks.emit_queued(task_id, tc, checked.chat_id if tc.chat_scoped else "", now)

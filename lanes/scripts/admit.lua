@@ -15,11 +15,12 @@
 -- KEYS[22] the idempotency key in its old, ambiguous format: read (never written)
 --   when KEYS[4] is absent, until keys stored before the upgrade have expired
 -- KEYS[23] deadlines of waiting tasks (zset)   KEYS[24] paused lanes (set)
+-- KEYS[25] the lane's live consumers (zset: worker -> heartbeat expiry ms; lanes.consumers)
 -- ARGV[16] the task's deadline, epoch ms
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
 --   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
---   paused 0/1}
+--   paused 0/1, live_consumers}
 -- ``ahead``: messages in the lane's lists that a worker takes before this one
 -- (same or more urgent priority), counted before it was pushed; ``busy_s``: the
 -- handler seconds the lane's workers spent in that minute (finish.lua).
@@ -107,4 +108,4 @@ local done_field, busy_field = 'completed|' .. lane, 'busy|' .. lane
 return {'ok', position, depth, redis.call('HGET', KEYS[9], done_field) or '0',
   redis.call('HGET', KEYS[21], done_field) or '0', ahead,
   redis.call('HGET', KEYS[9], busy_field) or '0', redis.call('HGET', KEYS[21], busy_field) or '0',
-  redis.call('SISMEMBER', KEYS[24], lane)}
+  redis.call('SISMEMBER', KEYS[24], lane), redis.call('ZCOUNT', KEYS[25], now, '+inf')}
