@@ -15,7 +15,8 @@ class HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if "%(default)" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if "%(default)" in text or unset or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
