@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 import dj_database_url
 
+from dispatchsite.runtime import read_runtime, runtime_path, setting
 from dispatchsite.secrets import load_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -120,9 +121,18 @@ if os.environ.get("DISPATCH_PROFILE") == "production":
     SECURE_HSTS_PRELOAD = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+# --- Where the running platform is ------------------------------------------
+# The environment wins; else what a running `make run` recorded (dispatchsite.runtime); else the defaults.
+RUNTIME_FILE = runtime_path(BASE_DIR)
+RUNTIME = read_runtime(RUNTIME_FILE)
+WEB_PORT = int(setting("WEB_PORT", "8000", RUNTIME))
+FLOWER_PORT = int(setting("FLOWER_PORT", "5555", RUNTIME))
+#: Where links for people (a dead letter's failure text) point to the admin.
+DISPATCH_ADMIN_URL = os.environ.get("DISPATCH_ADMIN_URL") or f"http://127.0.0.1:{WEB_PORT}/admin/"
+
 # --- Redis and Celery -------------------------------------------------------
-REDIS_PORT = int(os.environ.get("REDIS_PORT", "6380"))
-REDIS_URL = os.environ.get("REDIS_URL") or (
+REDIS_PORT = int(setting("REDIS_PORT", "6380", RUNTIME))
+REDIS_URL = setting("REDIS_URL", "", RUNTIME) or (
     f"redis://:{quote(GENERATED['redis_password'], safe='')}@127.0.0.1:{REDIS_PORT}/0"
 )
 
@@ -149,7 +159,7 @@ DISPATCH_IDEMPOTENCY_WINDOW_S = int(os.environ.get("DISPATCH_IDEMPOTENCY_WINDOW_
 DISPATCH_DEADLETTER_RETENTION_DAYS = int(os.environ.get("DISPATCH_DEADLETTER_RETENTION_DAYS", "30"))
 DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1,localhost")
 DISPATCH_METRICS_TOKEN = os.environ.get("DISPATCH_METRICS_TOKEN") or GENERATED["metrics_token"]
-FLOWER_URL = os.environ.get("FLOWER_URL", f"http://127.0.0.1:{os.environ.get('FLOWER_PORT', '5555')}/")
+FLOWER_URL = os.environ.get("FLOWER_URL") or f"http://127.0.0.1:{FLOWER_PORT}/"
 #: Modules imported at startup by every process (web, workers, commands) so the
 #: lifecycle-signal receivers they connect run where the events happen.
 DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -70,6 +71,7 @@ def main() -> int:
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
+    from dispatchsite.runtime import remove_runtime, runtime_path, write_runtime
     from dispatchsite.secrets import load_secrets
 
     secrets = load_secrets(Path(os.environ.get("DISPATCH_SECRETS_FILE", ROOT / ".dispatch-secrets.json")))
@@ -87,6 +89,16 @@ def main() -> int:
             return 2
 
     redis_proc = start_redis(redis_port, secrets["redis_password"]) if embedded else None
+    # Every process started from here, and every command run in the project folder
+    # while this runs (dispatchsite.runtime), uses these ports.
+    os.environ.update({name: str(port) for name, port in (("WEB_PORT", web_port), ("FLOWER_PORT", flower_port),
+                                                          ("REDIS_PORT", redis_port))})
+    runtime_file = runtime_path(ROOT)
+    write_runtime(runtime_file, {
+        "WEB_PORT": web_port, "FLOWER_PORT": flower_port, "REDIS_PORT": redis_port if embedded else None,
+        "REDIS_URL": os.environ.get("REDIS_URL"), "ADMIN_URL": f"http://127.0.0.1:{web_port}/admin/",
+        "FLOWER_URL": f"http://127.0.0.1:{flower_port}/",
+    })
     try:
         subprocess.run([PY, "manage.py", "bootstrap"], check=True)
         return run_services(secrets, web_port, flower_port)
@@ -94,6 +106,7 @@ def main() -> int:
         print(f"error: {shlex.join(exc.cmd)} failed with exit code {exc.returncode}", file=sys.stderr)
         return 1
     finally:
+        remove_runtime(runtime_file)
         if redis_proc is not None:
             redis_proc.terminate()
             try:
@@ -102,44 +115,96 @@ def main() -> int:
                 redis_proc.kill()
 
 
+#: Worker groups ``make run`` starts, sized for I/O-bound outbound work on a small machine
+#: (BENCHMARKS.md, PERFORMANCE.md): one Celery main process costs about 1.6-2 ms of CPU
+#: per message whatever its pool, so throughput scales with worker *instances*; a thread
+#: pool keeps many 20 ms webhook calls in flight per instance. ``default`` also consumes
+#: Celery's default queue ``celery``, so a bare client's ``send_task("tasks.dispatch")``
+#: is served.
+DEFAULT_GROUPS: dict[str, dict[str, object]] = {
+    "realtime": {"queues": "realtime", "pool": "threads", "concurrency": 16, "instances": 2},
+    # The default group also consumes every lane no other live worker holds (lanes
+    # created at run time included: lanes.consumers), and Celery's own default queue
+    # `celery`, so a bare client's send_task("tasks.dispatch") is not stranded.
+    "default": {"queues": "default,ingress,celery", "pool": "threads", "concurrency": 8, "instances": 1,
+                "catch_all": True},
+    "bulk": {"queues": "bulk", "pool": "threads", "concurrency": 8, "instances": 1},
+}
+
+
+def worker_groups(environ: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
+    """Each group's queues, pool, concurrency and instances.
+
+    Precedence: ``WORKER_<GROUP>_POOL`` / ``_CONCURRENCY`` / ``_INSTANCES``, then
+    ``WORKER_POOL`` / ``WORKER_CONCURRENCY`` for every group, then the group's
+    entry in ``WORKER_GROUPS`` (``{"name": "queues"}`` or ``{"name": {"queues": …,
+    "pool": …, "concurrency": …, "instances": …}}``), then :data:`DEFAULT_GROUPS`.
+    """
+    env = os.environ if environ is None else environ
+    raw = json.loads(env["WORKER_GROUPS"]) if env.get("WORKER_GROUPS") else DEFAULT_GROUPS
+    groups = {}
+    for name, spec in raw.items():
+        spec = {"queues": spec} if isinstance(spec, str) else dict(spec)
+        base = DEFAULT_GROUPS.get(name, DEFAULT_GROUPS["default"])
+        group = {key: spec.get(key, base[key]) for key in ("pool", "concurrency", "instances")}
+        group["queues"] = spec.get("queues") or base["queues"]
+        upper = name.upper().replace("-", "_")
+        for key in ("pool", "concurrency", "instances"):
+            override = env.get(f"WORKER_{upper}_{key.upper()}") or (
+                env.get(f"WORKER_{key.upper()}") if key != "instances" else None)
+            if override:
+                group[key] = override
+        group["concurrency"], group["instances"] = int(group["concurrency"]), max(1, int(group["instances"]))
+        inherited = base.get("catch_all", False) if name in DEFAULT_GROUPS else False
+        group["catch_all"] = bool(spec.get("catch_all", inherited))
+        groups[name] = group
+    return groups
+
+
+def banner(secrets: dict, web_port: int, flower_port: int) -> str:
+    """What ``make run`` prints once everything is started (the README shows the same lines)."""
+    return (
+        "\n"
+        f"  Admin:     http://127.0.0.1:{web_port}/admin/   user admin / {secrets['admin_password']}\n"
+        f"  Dashboard: http://127.0.0.1:{web_port}/admin/dashboard/\n"
+        f"  Flower:    http://127.0.0.1:{flower_port}/   user admin / {secrets['flower_password']}\n"
+        f"  Metrics:   http://127.0.0.1:{web_port}/metrics   Authorization: Bearer {secrets['metrics_token']}\n"
+        "  (credentials are kept in .dispatch-secrets.json, mode 0600)\n"
+        "  Ctrl-C stops everything.\n"
+    )
+
+
 def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
-    from honcho.manager import Manager
+    from honcho.manager import SIGNALS, Manager
 
     bindir = Path(PY).parent
     celery = str(bindir / "celery")
-    pool = os.environ.get("WORKER_POOL", "prefork")
-    concurrency = os.environ.get("WORKER_CONCURRENCY", "2")
-    groups = json.loads(os.environ.get("WORKER_GROUPS", '{"realtime": "realtime", "default": "default,ingress",'
-                                                         ' "bulk": "bulk"}'))
-    # Per-task log lines and task events cost worker CPU at high rates (BENCHMARKS.md,
-    # load test): WORKER_LOGLEVEL=WARNING keeps only problems; WORKER_EVENTS=0 also
-    # stops Flower from switching events on (it then shows workers, not tasks).
-    loglevel = os.environ.get("WORKER_LOGLEVEL", "INFO")
+    # Two log lines per task at INFO cost worker (and honcho) CPU at hundreds of tasks/s:
+    # WORKER_LOGLEVEL=INFO shows them. Task events stay on so Flower shows tasks;
+    # WORKER_EVENTS=0 also stops Flower from switching them on (it then shows workers only).
+    loglevel = os.environ.get("WORKER_LOGLEVEL", "WARNING")
     events = os.environ.get("WORKER_EVENTS", "1") not in {"0", "false", "no", "off"}
     os.environ["CELERY_WORKER_SEND_TASK_EVENTS"] = "1" if events else "0"  # the setting, not only -E
     manager = Manager()
     manager.add_process("web", f"{bindir / 'gunicorn'} dispatchsite.wsgi -b 127.0.0.1:{web_port} "
                                f"-w 2 --threads 4 --access-logfile -")
-    for name, queues in groups.items():
-        manager.add_process(f"worker-{name}", f"{celery} -A dispatchsite worker -Q {queues} -n {name}@%h "
-                                              f"-P {pool} -c {concurrency} {'-E ' if events else ''}"
-                                              f"--without-gossip --without-mingle -l {loglevel}")
+    for name, group in worker_groups().items():
+        for n in range(1, group["instances"] + 1):
+            label = name if group["instances"] == 1 else f"{name}{n}"
+            manager.add_process(f"worker-{label}", f"{celery} -A dispatchsite worker -Q {group['queues']} "
+                                                   f"-n {label}@%h -P {group['pool']} -c {group['concurrency']} "
+                                                   f"{'-E ' if events else ''}--without-gossip --without-mingle "
+                                                   f"-l {loglevel}",
+                                env={**os.environ, "DISPATCH_CATCH_ALL": "1"} if group["catch_all"] else None)
     VAR.mkdir(exist_ok=True)
     manager.add_process("beat", f"{celery} -A dispatchsite beat -s {VAR / 'celerybeat-schedule'} -l INFO")
     manager.add_process("flower", f"{celery} -A dispatchsite flower --address=127.0.0.1 --port={flower_port} "
                                   f"--basic-auth=admin:{secrets['flower_password']} --purge_offline_workers=60"
                                   f"{'' if events else ' --enable_events=False'}")
-    print(
-        "\n"
-        f"  Admin:   http://127.0.0.1:{web_port}/admin/   user admin / {secrets['admin_password']}\n"
-        f"  Dashboard: http://127.0.0.1:{web_port}/admin/dashboard/\n"
-        f"  Flower:  http://127.0.0.1:{flower_port}/      user admin / {secrets['flower_password']}\n"
-        f"  Metrics: http://127.0.0.1:{web_port}/metrics  Authorization: Bearer {secrets['metrics_token']}\n"
-        "  (credentials are kept in .dispatch-secrets.json, mode 0600)\n"
-        "  Ctrl-C stops everything.\n",
-        flush=True,
-    )
+    print(banner(secrets, web_port, flower_port), flush=True)
     manager.loop()
+    if manager.returncode in (SIGNALS[signal.SIGINT]["rc"], SIGNALS[signal.SIGTERM]["rc"]):
+        return 0  # Ctrl-C (or a plain kill) asked for this stop: a clean end, not make's "Error 130"
     return manager.returncode or 0
 
 

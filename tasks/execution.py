@@ -34,6 +34,7 @@ from lanes.histogram import bucket_label
 from lanes.redis_client import get_redis
 from tasks import config, dead_letters, hooks, leases, validation
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
+from tasks.links import dead_letter_admin_url
 from tasks.messages import Envelope, build_message
 from tasks.retry import decide_retry
 from tasks.validation import encode_json
@@ -99,7 +100,8 @@ def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> None:
         lane=str(env.get("lane", ""))[:64], reason="malformed", payload=payload if isinstance(payload, dict) else None,
         message=f"malformed message: {detail}", attempts=0,
     )
-    raise DeadLettered.because("malformed", detail)
+    raise DeadLettered.because("malformed", detail, task_type=str(env.get("type", task.name))[:100],
+                               admin_url=dead_letter_admin_url(task.request.id or "unknown"))
 
 
 def execute(task: Task, args: tuple, kwargs: dict) -> Any:
@@ -256,10 +258,12 @@ class _Run:
             chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
             attempts=env.attempt, dispatched_at=env.dispatched_at, exc=exc, message=detail,
         )
-        self._finish("dead", json.dumps(str(DeadLettered.because(reason, detail))), reason)
+        failure = DeadLettered.because(reason, detail, task_type=env.type,
+                                       admin_url=dead_letter_admin_url(self.task_id))
+        self._finish("dead", json.dumps(str(failure)), reason)
         died_at = time.time()
         hooks.emit(hooks.task_finished, lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
-        raise DeadLettered.because(reason, detail)
+        raise failure
 
     def _finish(self, outcome: str, result_json: str, reason: str) -> None:
         env = self.env
