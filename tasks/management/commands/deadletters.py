@@ -1,12 +1,11 @@
 from __future__ import annotations
 
-import getpass
-
 from django.core.management.base import BaseCommand, CommandError
 
 from tasks import dead_letters
 from tasks.models import DeadLetter
 from tasks.output import dumps, table
+from tasks.shell_actor import shell_actor
 
 
 class Command(BaseCommand):
@@ -32,7 +31,7 @@ class Command(BaseCommand):
         return row
 
     def handle(self, *args, **opts):
-        actor = f"shell:{getpass.getuser()}"
+        actor = shell_actor()
         try:
             if opts["requeue"]:
                 new_id = dead_letters.requeue(self._row(opts["requeue"]), actor)
