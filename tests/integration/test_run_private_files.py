@@ -96,7 +96,8 @@ def clone(tmp_path) -> Path:
 def test_make_run_keeps_var_private_and_secrets_off_command_lines(clone):
     web, flower, redis_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items()
-           if k not in {"REDIS_URL", "DATABASE_URL", "DISPATCH_SECRETS_FILE", "DJANGO_SETTINGS_MODULE"}}
+           if k not in {"REDIS_URL", "DATABASE_URL", "DISPATCH_SECRETS_FILE", "DISPATCH_RUNTIME_FILE",
+                         "DJANGO_SETTINGS_MODULE"}}
     env.update({"WEB_PORT": str(web), "FLOWER_PORT": str(flower), "REDIS_PORT": str(redis_port),
                 "WORKER_GROUPS": json.dumps({"d": "default,ingress"}), "WORKER_POOL": "solo",
                 "WORKER_CONCURRENCY": "1", "WORKER_LOGLEVEL": "WARNING", "REDIS_APPENDFSYNC": "everysec"})
