@@ -195,8 +195,7 @@ def _is_public(address: IPAddress) -> bool:
     )
 
 
-def pin_addresses(target: WebhookTarget, allow_list: Iterable[str],
-                  resolve: Resolver = socket.getaddrinfo) -> list[str]:
+def pin_addresses(target: WebhookTarget, allow_list: Iterable[str], resolve: Resolver | None = None) -> list[str]:
     """Resolve ``target.host`` once; return the checked addresses to connect to, or raise WebhookURLError.
 
     Every address the name resolves to must be public, unless the allow-list
@@ -205,6 +204,7 @@ def pin_addresses(target: WebhookTarget, allow_list: Iterable[str],
     service or the admin's loopback ports.
     """
     named = {entry.host for entry in parse_allow_list(allow_list)}
+    resolve = resolve or socket.getaddrinfo  # looked up per call, so a test can stand in for DNS
     try:
         infos = resolve(target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError) as exc:
