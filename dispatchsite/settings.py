@@ -196,8 +196,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_BROKER_POOL_LIMIT = 32
 CELERY_WORKER_CONSUMER = "tasks.worker_consumer:Consumer"
 CELERY_BROKER_TRANSPORT = "lanes.transport:Transport"
+# Upkeep (promote retries, expire waiting tasks, sweep leases) runs in a thread of
+# every worker and of beat (tasks.maintenance), not as a beat task: a message every
+# two seconds flooded Flower's task list and the log.
 CELERY_BEAT_SCHEDULE = {
-    "maintenance": {"task": "tasks.maintenance", "schedule": 2.0},
     "purge-dead-letters": {"task": "tasks.purge_dead_letters", "schedule": 3600.0},
 }
 

@@ -310,6 +310,15 @@ def record_rejection(client: Redis, lane: str, type_name: str, reason: str, deta
     pipe.execute()
 
 
+#: Counter field of dead letters whose row could not be written at all (the task still ended).
+DEAD_LETTER_WRITE_FAILURES = "dead_letter_write_failures"
+
+
+def count_dead_letter_write_failure(client: Redis, lane: str, type_name: str) -> None:
+    """Count a dead letter that ended in Redis with no row (alert on any increase)."""
+    client.hincrby(keys.METRICS_TOTAL, f"{DEAD_LETTER_WRITE_FAILURES}|{lane}|{type_name.replace('|', '_')}", 1)
+
+
 def maybe_sample(client: Redis, lanes: Iterable[str], now: float | None = None) -> bool:
     """Record one (waiting, completed-total) sample per lane, at most once per interval across processes."""
     if not client.set(keys.SAMPLE_LOCK, "1", nx=True, px=int(SAMPLE_INTERVAL_S * 1000 * 0.9)):
@@ -418,6 +427,29 @@ class LaneRow:
         data["admission"] = self.admission
         data["depth_by_priority"] = {str(p): n for p, n in sorted(self.depth_by_priority.items(), reverse=True)}
         return data
+
+
+# --- the maintenance loop's own counters (tasks.maintenance) -------------------
+
+#: Counters of the maintenance loop, summed over every process that runs it.
+MAINTENANCE_COUNTS = ("runs", "promoted", "swept", "expired")
+
+
+def record_maintenance(client: Redis, now: float, *, promoted: int = 0, swept: int = 0, expired: int = 0) -> None:
+    """Count one maintenance pass (one pipelined round trip)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(keys.MAINTENANCE_STATS, "runs", 1)
+    pipe.hset(keys.MAINTENANCE_STATS, "last_run", f"{now:.3f}")
+    for name, value in (("promoted", promoted), ("swept", swept), ("expired", expired)):
+        if value:
+            pipe.hincrby(keys.MAINTENANCE_STATS, name, int(value))
+    pipe.execute()
+
+
+def read_maintenance(client: Redis) -> dict[str, float]:
+    """``runs``, ``promoted``, ``swept``, ``expired`` totals and ``last_run`` (epoch s; 0 if never)."""
+    raw = {_text(k): float(v) for k, v in client.hgetall(keys.MAINTENANCE_STATS).items()}
+    return {name: raw.get(name, 0.0) for name in (*MAINTENANCE_COUNTS, "last_run")}
 
 
 def snapshot(client: Redis | None = None, now: float | None = None,
