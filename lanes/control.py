@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from celery import current_app
 from django.conf import settings
 
 from lanes import keys, metrics
@@ -72,9 +73,7 @@ def open_lane(name: str, actor: str) -> Outcome:
 
 
 def _app():
-    from dispatchsite.celery import app
-
-    return app
+    return current_app
 
 
 def consuming_workers(lane: str, timeout: float = CONTROL_TIMEOUT_S) -> list[str]:

@@ -17,8 +17,9 @@ from memory. Any other message (Celery's own tasks) keeps kombu's handling.
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
 worker exits with "Unrecoverable error", and JSON without the fields kombu needs
-reads as a lost connection. Here such a message is logged, kept as a
-``malformed`` dead letter, and dropped; the worker goes on.
+reads as a lost connection. Here such a message is logged, reported through
+``lanes.signals.message_unreadable`` (the tasks app keeps it as a ``malformed``
+dead letter), and dropped; the worker goes on.
 
 Stock kombu frees a message's prefetch slot only after its ack reached Redis.
 An ack that timed out (Redis frozen, fault scenario 4) kept its slot forever:
@@ -32,15 +33,18 @@ refused or re-stored by the claim (``start.lua``), never run twice.
 from __future__ import annotations
 
 import logging
+import uuid
 
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
+from lanes.signals import message_unreadable
+
 logger = logging.getLogger(__name__)
 
 #: Header of a message whose task Redis already tracks with a lease (its record,
-#: written by the platform's scripts); set by ``tasks.messages``.
+#: written by the platform's scripts); set by ``lanes.messages``.
 LEASED_HEADER = "dispatch_leased"
 
 
@@ -133,22 +137,19 @@ class Channel(kombu_redis.Channel):
             raise
         except Exception as exc:  # noqa: BLE001 - any undecodable message must not end the worker
             logger.error("undecodable_message_dropped error=%r", exc)
-            _record_garbage(exc)
+            _report_unreadable(exc)
             return True
 
 
-def _record_garbage(exc: Exception) -> None:
-    try:
-        import uuid
-
-        from tasks import dead_letters
-
-        dead_letters.record(
-            task_id=f"malformed-{uuid.uuid4()}", task_type="?", lane="", reason="malformed",
-            message=f"a message on a lane queue could not be decoded: {exc!r}", exc=exc,
-        )
-    except Exception:
-        logger.exception("malformed_record_failed")
+def _report_unreadable(exc: Exception) -> None:
+    """Tell the receivers of ``message_unreadable`` (the dead-letter recorder); never raise."""
+    responses = message_unreadable.send_robust(
+        sender=Transport, task_id=f"malformed-{uuid.uuid4()}",
+        message=f"a message on a lane queue could not be decoded: {exc!r}", exc=exc,
+    )
+    for receiver, response in responses:
+        if isinstance(response, Exception):
+            logger.error("malformed_record_failed receiver=%r", receiver, exc_info=response)
 
 
 class UndeliverableMessage(Exception):

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dispatchsite.celery import app
+from celery import current_app as app
+
 from tasks.registry import handler
 
 CELERY_QUEUE = "bench-celery"

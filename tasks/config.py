@@ -65,12 +65,13 @@ _next_db_check = 0.0
 
 
 def _db_revision() -> int:
-    from lanes.models import ConfigRevision
+    from lanes.models import ConfigRevision  # inner import: tasks.dispatch imports this before apps are ready
 
     return ConfigRevision.objects.filter(pk=1).values_list("revision", flat=True).first() or 0
 
 
 def _load(version: str) -> Snapshot:
+    # inner import: tasks.dispatch imports this module, and callers may import it before apps are ready
     from lanes.models import Lane
     from tasks.models import TaskType
 

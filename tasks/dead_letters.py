@@ -11,6 +11,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from tasks.dispatch import admit
 from tasks.models import DeadLetter
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,6 @@ class RequeueError(Exception):
 
 def requeue(row: DeadLetter, actor: str) -> str:
     """Dispatch a fresh task from ``row`` (new deadline), link it and mark the row requeued."""
-    from tasks.dispatch import admit
-
     with transaction.atomic():
         locked = DeadLetter.objects.select_for_update().get(pk=row.pk)
         if locked.status != DeadLetter.Status.DEAD:

@@ -17,17 +17,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
-from celery import Task
+from celery import Task, current_app, shared_task
 from celery.result import AsyncResult
 from django.conf import settings
 
-from dispatchsite.celery import app
 from lanes import keys, scripts
 from lanes.consumers import no_consumer_detail
+from lanes.messages import Envelope, build_message
 from lanes.priorities import to_kombu
-from tasks import config, hooks
+from tasks import config
+from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay
-from tasks.messages import Envelope, build_message
 from tasks.validation import Invalid, check_dispatch
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class DispatchResult:
         return self.async_result().get(timeout=timeout, propagate=propagate, interval=interval)
 
     def async_result(self) -> AsyncResult:
-        return AsyncResult(self.task_id, app=app)
+        return AsyncResult(self.task_id, app=current_app._get_current_object())
 
     @property
     def id(self) -> str | None:
@@ -64,7 +64,7 @@ class DispatchResult:
 
 def _rejected(type_name: str, lane: str, reason: str, detail: str) -> DispatchResult:
     result = DispatchResult(accepted=False, reason=reason, detail=detail)
-    hooks.emit_rejected(type_name, lane, reason, detail)
+    lifecycle.emit_rejected(type_name, lane, reason, detail)
     return result
 
 
@@ -208,7 +208,7 @@ def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, chec
         why = no_consumer_detail(tc.lane)
     result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
                             estimated_delay=estimated)
-    hooks.emit_queued(task_id, tc, checked.chat_id if tc.chat_scoped else "", now)
+    lifecycle.emit_queued(task_id, tc.name, tc.lane, checked.chat_id if tc.chat_scoped else "")
     return result
 
 
@@ -222,7 +222,7 @@ class DispatchTask(Task):
         return admit(*(args or ()), **(kwargs or {}))
 
 
-@app.task(base=DispatchTask, name="tasks.dispatch", typing=False)
+@shared_task(base=DispatchTask, name="tasks.dispatch", typing=False)
 def dispatch(task_type: Any = None, payload: Any = None, **options: Any) -> dict[str, Any]:
     """Run by an ``ingress`` worker for callers that send ``tasks.dispatch`` by name."""
     allowed = {"chat_id", "priority", "idempotency_key", "timeout", "metadata"}

@@ -1,10 +1,10 @@
-"""What a worker does with one delivered task, around the handler.
+"""Running one delivered task: ``HandlerTask``, the base of every handler's Celery task.
 
 claim (start.lua) -> deadline check -> handler with a time limit -> one of:
 success (finish.lua hands the chat on), retry (retry.lua parks the next
 attempt in Redis), or dead letter (row, then finish.lua). Every step is one
 Redis call; the only SQL on the success path is Celery's result row, after
-which the finished record is settled (batched: tasks.leases).
+which the finished record is settled (batched: lanes.leases).
 
 The lease is held from the claim until the outcome is in Redis, and an outcome
 call that Redis did not answer is sent again (both scripts are safe to run
@@ -20,47 +20,28 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import redis
 from billiard.exceptions import SoftTimeLimitExceeded
-from celery import Task, signals, states
+from celery import Task, states
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
-from lanes import keys, metrics, scripts
+from lanes import keys, leases, metrics, scripts
 from lanes.histogram import bucket_label
+from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
-from tasks import config, dead_letters, hooks, leases, validation
+from tasks import config, dead_letters, validation
+from tasks import signals as lifecycle
+from tasks.context import Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
 from tasks.links import dead_letter_admin_url
-from tasks.messages import Envelope, build_message
 from tasks.retry import decide_retry
 from tasks.validation import encode_json
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a handler knows about the task it runs."""
-
-    task_id: str
-    type: str
-    lane: str
-    chat_id: str
-    attempt: int
-    deadline: float
-    attempt_deadline: float
-    idempotency_key: str
-    metadata: dict = field(default_factory=dict)
-    options: dict = field(default_factory=dict)
-
-    @property
-    def remaining(self) -> float:
-        """Seconds left for this attempt (its limit, or the task's deadline if sooner)."""
-        return max(0.0, self.attempt_deadline - time.time())
 
 
 class HandlerTask(Task):
@@ -75,18 +56,12 @@ class HandlerTask(Task):
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Celery calls this once the result row is stored: the finished record
-        # may go (tasks.leases.settle). When the row could not be stored (no
+        # may go (lanes.leases.settle). When the row could not be stored (no
         # call here) or a failure to store it was stored instead (another
         # state), the record stays: its lease runs out and a copy stores the row.
         settle = getattr(self.request, "dispatch_settle", None)
         if settle and settle[1] == status:
             leases.settle(settle[0])
-
-
-@signals.worker_process_shutdown.connect(weak=False)
-@signals.worker_shutdown.connect(weak=False)
-def _settle_before_exit(**_: Any) -> None:
-    leases.settle_now()
 
 
 def _minute_keys(now: float) -> str:
@@ -156,7 +131,7 @@ class _Run:
             deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or self.task_id,
             metadata=env.meta or {}, options=tc.options,
         )
-        hooks.emit(hooks.task_started, lambda: self._info(now))
+        lifecycle.emit(lifecycle.task_started, lambda: self._info(now))
         leases.hold(self.record)
         try:
             result, result_json = self._attempt(tc, ctx, limit)
@@ -164,7 +139,7 @@ class _Run:
         finally:
             leases.release(self.record)
         finished_at = time.time()
-        hooks.emit(hooks.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
+        lifecycle.emit(lifecycle.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
         return result
 
     def _attempt(self, tc: config.TypeConf, ctx: Context, limit: float) -> tuple[Any, str]:
@@ -244,7 +219,7 @@ class _Run:
             raise Ignore()
         logger.info("retry_scheduled task=%s attempt=%d delay=%.3fs error=%r",
                     self.task_id, env.attempt, decision.delay_s, exc)
-        hooks.emit(hooks.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
+        lifecycle.emit(lifecycle.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
                                                            detail=str(exc)))
         raise Retry(str(exc) or type(exc).__name__, exc=_portable(exc), when=decision.delay_s)
 
@@ -262,7 +237,8 @@ class _Run:
                                        admin_url=dead_letter_admin_url(self.task_id))
         self._finish("dead", json.dumps(str(failure)), reason)
         died_at = time.time()
-        hooks.emit(hooks.task_finished, lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
+        lifecycle.emit(lifecycle.task_finished,
+                       lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
         raise failure
 
     def _finish(self, outcome: str, result_json: str, reason: str) -> None:
@@ -287,11 +263,11 @@ class _Run:
             raise Ignore()
         self.task.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
 
-    def _info(self, now: float, **extra: Any) -> hooks.TaskInfo:
+    def _info(self, now: float, **extra: Any) -> lifecycle.TaskInfo:
         env = self.env
         qlat = (self.started_at or now) - env.dispatched_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
-        return hooks.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
+        return lifecycle.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
 
 
 def _record_dead_letter(**row: Any) -> None:

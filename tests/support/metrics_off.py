@@ -2,7 +2,7 @@
 
 Imported (through ``DISPATCH_HOOK_MODULES``) by the workers of the "off" variant
 of ``scripts/measure_overhead.py``: the Lua scripts are loaded with their
-counting helpers turned into no-ops, and ``tasks.hooks`` sends nothing. Never
+counting helpers turned into no-ops, and ``tasks.signals`` sends nothing. Never
 used by the platform itself.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 
 from lanes import scripts
-from tasks import hooks
+from tasks import signals as hooks
 
 #: The counting helpers of the scripts; each gets an early return.
 COUNTING_FUNCTIONS = (

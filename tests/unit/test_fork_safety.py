@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from lanes import redis_client
-from tasks import config, leases
+from lanes import leases, redis_client
+from tasks import config
 from tasks.handlers import http, sink
 
 MODULES = [(config, "_lock"), (redis_client, "_lock"), (leases, "_lock"), (http, "_pool_lock"),
