@@ -1,0 +1,118 @@
+"""Issue 12: the operator's pages answer no reflected markup, send CSP and nosniff, and gate Flower and lane toggles."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from lanes.models import Lane
+from tests.support.helpers import unique
+
+XSS = "<img src=x onerror=alert(document.domain)>"
+XSS_PATH = "/admin/dashboard/lanes/realtime/%3Cimg%20src%3Dx%20onerror%3Dalert(document.domain)%3E/"
+
+
+def _staff(*perms: str) -> Client:
+    """A logged-in staff user holding only ``perms`` (``app.codename``)."""
+    user = get_user_model().objects.create_user(unique("staff"), password="pw-staff-123", is_staff=True)
+    for perm in perms:
+        app, codename = perm.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app, codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _assert_not_html(response) -> None:
+    assert response["Content-Type"].startswith("text/plain"), response["Content-Type"]
+
+
+def test_unknown_lane_action_is_not_reflected_as_html(admin_client):
+    response = admin_client.get(XSS_PATH)
+    assert response.status_code == 404
+    _assert_not_html(response)
+    assert "Content-Security-Policy" in response
+
+
+def test_unknown_lane_name_is_not_reflected_as_html(admin_client):
+    response = admin_client.get(f"/admin/dashboard/lanes/{XSS.replace(' ', '%20')}/close/")
+    assert response.status_code == 404
+    _assert_not_html(response)
+
+
+def test_lane_control_checks_the_permission_before_looking_at_the_url():
+    client = _staff()
+    response = client.get(XSS_PATH)
+    assert response.status_code == 403
+    assert b"<img" not in response.content
+    _assert_not_html(response)
+
+
+@pytest.mark.parametrize("path", ["/admin/", "/admin/login/", "/admin/dashboard/", "/admin/dashboard/data/",
+                                  "/metrics", "/admin/tasks/deadletter/", XSS_PATH])
+def test_csp_and_nosniff_on_every_page(admin_client, path):
+    response = admin_client.get(path)
+    assert response.status_code in {200, 302, 404}, (path, response.status_code)
+    policy = response["Content-Security-Policy"]
+    assert "default-src 'self'" in policy and "script-src 'self'" in policy and "unsafe-inline" not in policy
+    assert "frame-ancestors 'none'" in policy
+    assert response["X-Content-Type-Options"] == "nosniff"
+
+
+def test_csp_and_nosniff_for_a_logged_out_visitor():
+    client = Client()
+    for path in ("/admin/login/", "/metrics", "/admin/dashboard/"):
+        response = client.get(path)
+        assert "Content-Security-Policy" in response, path
+        assert response["X-Content-Type-Options"] == "nosniff", path
+
+
+def test_flower_needs_the_flower_permission():
+    assert Client().get("/admin/flower-auth/").status_code == 401
+    assert _staff().get("/admin/flower-auth/").status_code == 403
+    assert _staff("lanes.control_lane").get("/admin/flower-auth/").status_code == 403
+    assert _staff("lanes.use_flower").get("/admin/flower-auth/").status_code == 204
+
+
+def test_flower_auth_allows_a_superuser(admin_client):
+    assert admin_client.get("/admin/flower-auth/").status_code == 204
+
+
+def _toggle_post(client: Client, lane: Lane, accepting: bool):
+    """The changelist's own form: the ``accepting`` checkbox of one row, saved."""
+    data = {
+        "form-TOTAL_FORMS": "1", "form-INITIAL_FORMS": "1", "form-MIN_NUM_FORMS": "0", "form-MAX_NUM_FORMS": "1000",
+        "form-0-id": str(lane.pk), "_save": "Save",
+    }
+    if accepting:
+        data["form-0-accepting"] = "on"
+    return client.post(f"/admin/lanes/lane/?q={lane.name}", data)
+
+
+def test_changelist_toggle_needs_the_lane_control_permission():
+    lane = Lane.objects.create(name=unique("gate"), capacity=10, accepting=True)
+    editor = _staff("lanes.view_lane", "lanes.change_lane")
+    page = editor.get(f"/admin/lanes/lane/?q={lane.name}")
+    assert page.status_code == 200 and b'name="form-0-accepting"' not in page.content
+    response = _toggle_post(editor, lane, accepting=False)
+    assert response.status_code in {200, 302}
+    lane.refresh_from_db()
+    assert lane.accepting is True
+
+    controller = _staff("lanes.view_lane", "lanes.change_lane", "lanes.control_lane")
+    assert b'name="form-0-accepting"' in controller.get(f"/admin/lanes/lane/?q={lane.name}").content
+    assert _toggle_post(controller, lane, accepting=False).status_code == 302
+    lane.refresh_from_db()
+    assert lane.accepting is False
+
+
+def test_lane_form_toggle_needs_the_lane_control_permission():
+    lane = Lane.objects.create(name=unique("gate-form"), capacity=10, accepting=True)
+    editor = _staff("lanes.view_lane", "lanes.change_lane")
+    response = editor.post(f"/admin/lanes/lane/{lane.pk}/change/",
+                           {"name": lane.name, "capacity": "20", "description": "x"})
+    assert response.status_code == 302
+    lane.refresh_from_db()
+    assert lane.capacity == 20 and lane.accepting is True
