@@ -36,7 +36,11 @@ def _can_resolve(request) -> bool:
 class DeadLetterAdmin(admin.ModelAdmin):
     list_display = ("died_at", "task_type", "lane", "reason", "status", "attempts", "chat_id", "task_link")
     list_filter = ("status", "reason", "task_type", "lane", ("died_at", admin.DateFieldListFilter))
-    search_fields = ("task_id", "chat_id", "idempotency_key")
+    # Only lookups an index answers (task_id is unique, chat_id and idempotency_key
+    # have indexes; on PostgreSQL Django adds a pattern-ops index for the prefix):
+    # a "contains" search over the payload or error columns would scan the table.
+    search_fields = ("task_id__exact", "chat_id__startswith", "idempotency_key__exact")
+    search_help_text = "Exact task id, chat id prefix, or exact idempotency key (indexed lookups only)."
     date_hierarchy = "died_at"
     actions = ("requeue", "discard")
     readonly_fields = [f.name for f in DeadLetter._meta.fields if f.name not in {"payload", "metadata",

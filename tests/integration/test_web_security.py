@@ -116,3 +116,25 @@ def test_lane_form_toggle_needs_the_lane_control_permission():
     assert response.status_code == 302
     lane.refresh_from_db()
     assert lane.capacity == 20 and lane.accepting is True
+
+
+def test_dead_letter_search_uses_indexed_lookups_only(admin_client):
+    """Issue 12: exact task id, chat id prefix, exact idempotency key; never a ``LIKE '%...%'`` scan."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from tasks import dead_letters
+
+    chat, key = unique("srch-chat"), unique("srch-key")
+    row = dead_letters.record(task_id=unique("srch-task"), task_type="t", lane="l", reason="expired",
+                              payload={}, chat_id=chat, idempotency_key=key)
+    for term, found in ((row.task_id, True), (row.task_id[3:], False), (chat[:-3], True), (chat[3:], False),
+                        (key, True), (key[:-2], False)):
+        with CaptureQueriesContext(connection) as queries:
+            response = admin_client.get("/admin/tasks/deadletter/", {"q": term, "status__exact": "dead"})
+        assert response.status_code == 200
+        assert (row.task_id in response.content.decode()) is found, term
+        scans = [q["sql"] for q in queries.captured_queries if "tasks_deadletter" in q["sql"] and "LIKE '%" in q["sql"]]
+        assert not scans, scans  # a leading wildcard: no index can answer it
+    page = admin_client.get("/admin/tasks/deadletter/")
+    assert b"Exact task id, chat id prefix, or exact idempotency key" in page.content
