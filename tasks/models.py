@@ -101,6 +101,10 @@ class TaskType(models.Model):
             errors["timeout"] = f"Timeout must be above 0 and at most {MAX_TIMEOUT_S:.0f} seconds."
         if self.attempt_timeout is not None and not 0 < self.attempt_timeout <= MAX_TIMEOUT_S:
             errors["attempt_timeout"] = f"Attempt timeout must be above 0 and at most {MAX_TIMEOUT_S:.0f} seconds."
+        if ("timeout" not in errors and "attempt_timeout" not in errors and self.timeout is not None
+                and self.attempt_timeout is not None and self.attempt_timeout > self.timeout):
+            errors["attempt_timeout"] = (f"Attempt timeout ({self.attempt_timeout:g} s) must not be above the "
+                                         f"timeout ({self.timeout:g} s), the task's whole life.")
         if self.chat_queue_size is not None and not 1 <= self.chat_queue_size <= 100000:
             errors["chat_queue_size"] = "Chat queue size must be between 1 and 100000."
         if self.max_payload_bytes is not None and not 2 <= self.max_payload_bytes <= 8 * 1024 * 1024:
