@@ -138,3 +138,31 @@ def test_dead_letter_search_uses_indexed_lookups_only(admin_client):
         assert not scans, scans  # a leading wildcard: no index can answer it
     page = admin_client.get("/admin/tasks/deadletter/")
     assert b"Exact task id, chat id prefix, or exact idempotency key" in page.content
+
+
+def _check_deploy(tmp_path, **env_overrides: str):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k not in {"SECRET_KEY", "DEBUG", "DJANGO_SETTINGS_MODULE"}}
+    env.update(DISPATCH_PROFILE="production", DISPATCH_SECRETS_FILE=str(tmp_path / "secrets.json"),
+               DATABASE_URL=f"sqlite:///{tmp_path / 'db.sqlite3'}", **env_overrides)
+    return subprocess.run([sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_check_deploy_has_no_warnings_in_the_production_profile(tmp_path):
+    """Issue 12: the production profile with the generated secrets file passes Django's deployment checks."""
+    done = _check_deploy(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "System check identified no issues (0 silenced)." in done.stdout
+
+
+def test_check_deploy_would_report_a_weak_setting(tmp_path):
+    """The check above can fail: a weak secret key or DEBUG on is reported."""
+    done = _check_deploy(tmp_path, SECRET_KEY="short", DEBUG="true")
+    assert done.returncode != 0
+    assert "security.W009" in done.stderr and "security.W018" in done.stderr
