@@ -21,12 +21,46 @@ class RetryPolicyAdmin(admin.ModelAdmin):
     search_fields = ("name",)
 
 
+def json_text(value: object, indent: int | None = None) -> str:
+    """JSON for a page: readable Unicode, but escaped where the text is no valid Unicode (a lone surrogate).
+
+    ``"\\ud800"`` is valid JSON, yet the decoded string cannot be encoded as
+    UTF-8: a page showing it as is would fail with a 500.
+    """
+    text = json.dumps(value, indent=indent, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, indent=indent, ensure_ascii=True)
+    return text
+
+
+class OptionsField(forms.JSONField):
+    """The options field: refuses text that is no valid Unicode, and always renders."""
+
+    def to_python(self, value):
+        converted = super().to_python(value)
+        try:
+            json.dumps(converted, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError("Options must be valid Unicode: a lone surrogate escape such as \\ud800 is not.",
+                                  code="invalid") from None
+        return converted
+
+    def prepare_value(self, value):
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return json_text(value)
+
+
 class TaskTypeForm(forms.ModelForm):
     """The TaskType form: a field the form already refused gets no second message from the model.
 
     Invalid options JSON leaves the model's options at their default, and the
     model's ``clean()`` would then add a misleading "options.url is required".
     """
+
+    options = OptionsField(required=False, initial=dict, help_text=TaskType._meta.get_field("options").help_text)
 
     class Meta:
         model = TaskType
@@ -134,11 +168,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     @admin.display(description="payload")
     def payload_pretty(self, obj):
-        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, ensure_ascii=False))
+        return format_html("<pre>{}</pre>", json_text(obj.payload, indent=2))
 
     @admin.display(description="metadata")
     def metadata_pretty(self, obj):
-        return format_html("<pre>{}</pre>", json.dumps(obj.metadata, indent=2, ensure_ascii=False))
+        return format_html("<pre>{}</pre>", json_text(obj.metadata, indent=2))
 
     @admin.display(description="traceback")
     def traceback_pretty(self, obj):

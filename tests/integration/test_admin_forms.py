@@ -97,3 +97,23 @@ def test_detail_requeue_needs_the_permission_and_a_post(admin_client):
     assert f"requeued as task {row.requeued_task_id}" in response.content.decode()
     again = admin_client.post(url, follow=True)
     assert "already requeued" in again.content.decode()
+
+
+@pytest.mark.parametrize("options", ['"\\ud800"', '{"url": "http://127.0.0.1:9/x", "headers": {"a": "\\udc00"}}'])
+def test_options_with_a_lone_surrogate_are_refused_not_a_500(admin_client, options):
+    """Found by test_admin_properties: valid JSON whose text is no valid Unicode broke the page (500)."""
+    tt = define(unique("form-sur"))
+    data = _add_form(tt, options=options)
+    response = admin_client.post("/admin/tasks/tasktype/add/", data)
+    assert response.status_code == 200
+    errors = _errors(response.content.decode())
+    assert len(errors) == 1 and "valid Unicode" in errors[0], errors
+    assert not TaskType.objects.filter(name=data["name"]).exists()
+
+
+def test_dead_letter_page_shows_a_payload_with_a_lone_surrogate(admin_client):
+    row = _row()
+    DeadLetter.objects.filter(pk=row.pk).update(payload={"text": "\ud800"}, metadata={"m": "\udfff"})
+    response = admin_client.get(f"/admin/tasks/deadletter/{row.pk}/change/")
+    assert response.status_code == 200
+    assert "\\ud800" in response.content.decode()
