@@ -37,6 +37,33 @@ def _control_action(action: str, description: str):
     return admin.action(description=description, permissions=["control"])(run)
 
 
+def _workers_column():
+    """A changelist column: live workers holding each lane, or a warning that none does."""
+    import time
+
+    from django.utils.html import format_html
+
+    from lanes import consumers
+    from lanes.redis_client import get_redis
+
+    cache: dict[str, list[str]] = {}
+
+    def workers(lane: Lane) -> str:
+        if lane.name not in cache:
+            try:
+                names = list(Lane.objects.values_list("name", flat=True))
+                cache.update(consumers.read_holders(get_redis(), names, time.time()))
+            except Exception:  # noqa: BLE001 - Redis down: say so in the cell, keep the page
+                return "unknown (Redis unreachable)"
+        holders = cache.get(lane.name, [])
+        if not holders:
+            return format_html('<strong style="color:#ba2121">{}</strong>', "no worker consumes this lane")
+        return format_html("{} ({})", len(holders), ", ".join(holders))
+
+    workers.short_description = "workers"
+    return workers
+
+
 @admin.register(Lane)
 class LaneAdmin(admin.ModelAdmin):
     list_display = ("name", "capacity", "accepting", "description")
@@ -49,6 +76,10 @@ class LaneAdmin(admin.ModelAdmin):
         _control_action("resume", "Resume consumption of selected lanes"),
         _control_action("drain", "Drain selected lanes (close, then let them empty)"),
     )
+
+    def get_list_display(self, request):
+        """The list plus a "Workers" column from the workers' heartbeats (one Redis read per page)."""
+        return (*super().get_list_display(request), _workers_column())
 
     def has_control_permission(self, request) -> bool:
         return request.user.has_perm("lanes.control_lane")

@@ -63,6 +63,26 @@ def lane_chat_waiting(lane: str) -> str:
 
 
 def idempotency(task_type: str, key: str) -> str:
+    """The record of an idempotency key of ``task_type``.
+
+    The type's length comes first: type names may contain ``:``, and without it
+    type ``sms`` with key ``send:order-1`` and type ``sms:send`` with key
+    ``order-1`` shared one key (the second dispatch came back as a duplicate of
+    the first). ``idemp:`` rather than ``idem:`` keeps these apart from every
+    key of the old format (see ``legacy_idempotency``).
+    """
+    return f"{PREFIX}idemp:{len(task_type)}:{task_type}:{key}"
+
+
+def legacy_idempotency(task_type: str, key: str) -> str:
+    """The ambiguous key used before ``idempotency`` (kept only to honour keys stored then).
+
+    Admission still looks it up (never writes it) when the new key is absent, so
+    a retry of a call made just before an upgrade is still a duplicate; such keys
+    expire after their type's idempotency window, after which the lookup finds
+    nothing and can be removed. Lookup rather than a one-off rename: renaming
+    would have to re-parse the ambiguous names it exists to replace.
+    """
     return f"{PREFIX}idem:{task_type}:{key}"
 
 
@@ -93,3 +113,34 @@ def paused_workers(lane: str) -> str:
 def metrics_samples(lane: str) -> str:
     """Sorted set of (time, waiting, completed-total) samples of a lane, for the dashboard charts."""
     return f"{PREFIX}m:samples:{lane}"
+
+
+# --- deadlines of waiting tasks (tasks.maintenance, expire.lua) -----------------
+
+#: Sorted set of waiting task records scored by their deadline (epoch ms): written
+#: at admission and on retry, removed when a worker claims or finishes the task.
+DEADLINES = PREFIX + "deadlines"
+#: Sorted set of records expired while waiting whose dead-letter and result rows
+#: are not yet confirmed written, scored by when to hand them out again (epoch ms).
+EXPIRED_PENDING = PREFIX + "expired-pending"
+#: Hash of the maintenance loop's own counters (runs, last run, promoted, swept, expired).
+MAINTENANCE_STATS = PREFIX + "m:maintenance"
+
+
+# --- worker heartbeats (which lanes have a live consumer) ----------------------
+
+#: Sorted set of live workers: hostname -> heartbeat expiry (ms since the epoch).
+WORKERS = PREFIX + "workers"
+
+
+def worker_heartbeat(hostname: str) -> str:
+    """A worker's last heartbeat (JSON: queues, pid, host, started), expiring unless renewed."""
+    return f"{PREFIX}worker:{hostname}"
+
+
+def lane_consumers(lane: str) -> str:
+    """Sorted set of the workers holding ``lane``: hostname -> heartbeat expiry (ms since the epoch).
+
+    Read by admission (one ZCOUNT in admit.lua) and by every operator view.
+    """
+    return f"{PREFIX}lanes:consumers:{lane}"

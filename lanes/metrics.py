@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lanes import consumers as lane_consumers
 from lanes import histogram, keys
 from lanes.priorities import from_kombu
 
@@ -310,6 +311,15 @@ def record_rejection(client: Redis, lane: str, type_name: str, reason: str, deta
     pipe.execute()
 
 
+#: Counter field of dead letters whose row could not be written at all (the task still ended).
+DEAD_LETTER_WRITE_FAILURES = "dead_letter_write_failures"
+
+
+def count_dead_letter_write_failure(client: Redis, lane: str, type_name: str) -> None:
+    """Count a dead letter that ended in Redis with no row (alert on any increase)."""
+    client.hincrby(keys.METRICS_TOTAL, f"{DEAD_LETTER_WRITE_FAILURES}|{lane}|{type_name.replace('|', '_')}", 1)
+
+
 def maybe_sample(client: Redis, lanes: Iterable[str], now: float | None = None) -> bool:
     """Record one (waiting, completed-total) sample per lane, at most once per interval across processes."""
     if not client.set(keys.SAMPLE_LOCK, "1", nx=True, px=int(SAMPLE_INTERVAL_S * 1000 * 0.9)):
@@ -401,10 +411,17 @@ class LaneRow:
     dead_letters: int
     stats: dict[str, Any]
     series: list[dict[str, float | None]]
+    #: Live workers holding the lane, from their heartbeats (``lanes.consumers``).
+    consumers: list[str] = field(default_factory=list)
 
     @property
     def consuming(self) -> str:
-        return "paused" if self.paused else "consuming"
+        """``consuming``, ``paused``, or ``no worker``: tasks admitted to it wait until a worker comes."""
+        return lane_consumers.state(len(self.consumers), self.paused)
+
+    @property
+    def has_consumer(self) -> bool:
+        return bool(self.consumers)
 
     @property
     def admission(self) -> str:
@@ -415,9 +432,33 @@ class LaneRow:
     def as_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["consuming"] = self.consuming
+        data["has_consumer"] = self.has_consumer
         data["admission"] = self.admission
         data["depth_by_priority"] = {str(p): n for p, n in sorted(self.depth_by_priority.items(), reverse=True)}
         return data
+
+
+# --- the maintenance loop's own counters (tasks.maintenance) -------------------
+
+#: Counters of the maintenance loop, summed over every process that runs it.
+MAINTENANCE_COUNTS = ("runs", "promoted", "swept", "expired")
+
+
+def record_maintenance(client: Redis, now: float, *, promoted: int = 0, swept: int = 0, expired: int = 0) -> None:
+    """Count one maintenance pass (one pipelined round trip)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hincrby(keys.MAINTENANCE_STATS, "runs", 1)
+    pipe.hset(keys.MAINTENANCE_STATS, "last_run", f"{now:.3f}")
+    for name, value in (("promoted", promoted), ("swept", swept), ("expired", expired)):
+        if value:
+            pipe.hincrby(keys.MAINTENANCE_STATS, name, int(value))
+    pipe.execute()
+
+
+def read_maintenance(client: Redis) -> dict[str, float]:
+    """``runs``, ``promoted``, ``swept``, ``expired`` totals and ``last_run`` (epoch s; 0 if never)."""
+    raw = {_text(k): float(v) for k, v in client.hgetall(keys.MAINTENANCE_STATS).items()}
+    return {name: raw.get(name, 0.0) for name in (*MAINTENANCE_COUNTS, "last_run")}
 
 
 def snapshot(client: Redis | None = None, now: float | None = None,
@@ -442,6 +483,7 @@ def snapshot(client: Redis | None = None, now: float | None = None,
     minutes = read_minutes(client, now)
     samples = read_samples(client, names, now)
     paused, draining = read_control_state(client, names)
+    holders = lane_consumers.read_holders(client, names, now)
     dead = dead_letter_counts()
     elapsed = now % 60
     rows = []
@@ -453,6 +495,7 @@ def snapshot(client: Redis | None = None, now: float | None = None,
             scheduled_retries=g.scheduled_retries, chat_waiting=g.chat_waiting, waiting=g.waiting,
             in_flight=g.in_flight, dead_letters=dead.get(lane.name, 0),
             stats=lane_stats(lane.name, minutes, elapsed), series=series_from_samples(samples[lane.name]),
+            consumers=holders.get(lane.name, []),
         ))
     window = merge(minutes)
     return {
@@ -474,6 +517,7 @@ def table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
         fail = s["failure_rate_15m"]
         rows.append({
             "lane": lane["name"], "admission": lane["admission"], "consuming": lane["consuming"],
+            "workers": len(lane["consumers"]),
             "depth": lane["depth"], "retries": lane["scheduled_retries"], "chat_wait": lane["chat_waiting"],
             "in_flight": lane["in_flight"],
             "disp/s 1m": s["dispatched_per_s"]["1m"], "done/s 1m": s["completed_per_s"]["1m"],

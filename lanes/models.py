@@ -7,9 +7,20 @@ from django.db import models
 
 LANE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 RESERVED_QUEUES = {"ingress", "celery"}
+#: Keys kombu's Redis transport keeps beside the queues (kombu/transport/redis.py: unacked_key,
+#: unacked_index_key, unacked_mutex_key). A lane of that name turns one into a list, and every
+#: worker's recovery sweep then fails with WRONGTYPE, for every lane.
+RESERVED_KOMBU_KEYS = {"unacked", "unacked_index", "unacked_mutex"}
+#: Name prefixes of keys kombu and Celery own: binding tables (keyprefix_queue ``_kombu.binding.%s``,
+#: ``_kombu.binding_deadlines``, ``_kombu.binding_permanent.%s``), event queues, result keys.
+RESERVED_PREFIXES = ("_kombu.", "celeryev.", "celery-task-meta-", "celery-taskset-meta-", "chord-unlock")
+#: Name suffixes of remote-control queues (``celery.pidbox`` and its ``*.reply.celery.pidbox`` replies).
+RESERVED_SUFFIXES = (".pidbox",)
 
 
 def validate_lane_name(value: str) -> None:
+    # ':' is refused here too: kombu stores a lane's priorities as lists named
+    # ``lane:1``..``lane:9`` (sep ':'), so a lane ``x:3`` would be lane x's priority list.
     if not LANE_NAME_RE.match(value or ""):
         raise ValidationError(
             "Lane name must be 1-64 letters, digits, '_', '.' or '-' (it is the Celery queue name; "
@@ -17,6 +28,11 @@ def validate_lane_name(value: str) -> None:
         )
     if value in RESERVED_QUEUES:
         raise ValidationError(f"'{value}' is reserved for the platform's own queue.")
+    if value in RESERVED_KOMBU_KEYS or value.startswith(RESERVED_PREFIXES) or value.endswith(RESERVED_SUFFIXES):
+        raise ValidationError(
+            f"'{value}' is reserved: kombu's Redis transport or Celery keeps a key of that name "
+            "(a lane of that name would break message recovery for every lane)."
+        )
 
 
 class Lane(models.Model):
@@ -65,3 +81,23 @@ class LaneEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.created:%Y-%m-%d %H:%M:%S} {self.actor} {self.action} {self.lane}"
+
+
+class ConfigRevision(models.Model):
+    """One row counting configuration changes, bumped in the same transaction as the change.
+
+    Redis's config version tells running processes about a change at once; this
+    counter is the database's own record, which each process compares every few
+    seconds, so a change whose Redis bump was lost (Redis unreachable) is still
+    picked up without another save.
+    """
+
+    revision = models.PositiveBigIntegerField(
+        "revision", default=0, help_text="Incremented by every save or delete of a lane, retry policy or task type.",
+    )
+
+    class Meta:
+        verbose_name = "configuration revision"
+
+    def __str__(self) -> str:
+        return f"revision {self.revision}"

@@ -8,24 +8,61 @@ the next execution without an extra round trip and without restarts.
 from __future__ import annotations
 
 import logging
+import time
 
 from django.db import transaction
+from django.db.models import F
 from django.db.models.signals import post_delete, post_save
 
 logger = logging.getLogger(__name__)
 
+#: Seconds slept before each new attempt to bump the version (then it gives up and raises).
+BUMP_RETRY_DELAYS_S = (0.05, 0.2, 0.5)
+
+
+class ConfigVersionNotPublished(RuntimeError):
+    """The change is saved, but Redis did not get the new config version."""
+
 
 def bump_config_version() -> None:
+    """INCR the version in Redis, a few times if need be; raise when Redis never answers.
+
+    A swallowed failure used to leave running processes on the old
+    configuration (a closed lane kept admitting) while the save reported
+    success. They still converge (tasks.config compares the database's
+    revision every few seconds), but the operator is told.
+    """
+    import redis
+
     from lanes import keys
     from lanes.redis_client import get_redis
 
-    try:
-        get_redis().incr(keys.CONFIG_VERSION)
-    except Exception:
-        logger.exception("config_version_bump_failed")
+    for delay in (*BUMP_RETRY_DELAYS_S, None):
+        try:
+            get_redis().incr(keys.CONFIG_VERSION)
+            return
+        except redis.RedisError as exc:
+            error = exc
+            logger.warning("config_version_bump_retry error=%r", exc)
+            if delay is not None:
+                time.sleep(delay)
+    logger.error("config_version_bump_failed error=%r", error)
+    raise ConfigVersionNotPublished(
+        f"the configuration change is saved, but Redis did not get the new config version ({error}); "
+        "running workers and callers pick it up from the database within seconds"
+    ) from error
+
+
+def bump_db_revision() -> None:
+    """Count the change in the database, inside the change's own transaction."""
+    from lanes.models import ConfigRevision
+
+    if not ConfigRevision.objects.filter(pk=1).update(revision=F("revision") + 1):
+        ConfigRevision.objects.get_or_create(pk=1, defaults={"revision": 1})
 
 
 def _on_change(sender, **kwargs) -> None:
+    bump_db_revision()
     transaction.on_commit(bump_config_version)
 
 

@@ -7,7 +7,11 @@ call without polling and without restarts.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
+
+from django.db import DatabaseError
 
 from lanes import keys
 from lanes.forksafe import ForkSafeLock
@@ -44,16 +48,33 @@ class Snapshot:
     version: str
     lanes: dict[str, LaneConf] = field(default_factory=dict)
     types: dict[str, TypeConf] = field(default_factory=dict)
+    #: The database's ConfigRevision when this was read (-1: unknown).
+    db_revision: int = -1
 
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two comparisons of the cached configuration with the
+#: database's revision: the bound on how long a change whose Redis bump was lost
+#: stays unseen (one small query per process per interval).
+DB_CHECK_INTERVAL_S = 5.0
 
 _lock = ForkSafeLock()
 _snapshot: Snapshot | None = None
+_next_db_check = 0.0
+
+
+def _db_revision() -> int:
+    from lanes.models import ConfigRevision
+
+    return ConfigRevision.objects.filter(pk=1).values_list("revision", flat=True).first() or 0
 
 
 def _load(version: str) -> Snapshot:
     from lanes.models import Lane
     from tasks.models import TaskType
 
+    db_revision = _db_revision()  # first: a save racing this read shows as a newer revision
     lanes = {lane.name: LaneConf(lane.name, lane.capacity, lane.accepting) for lane in Lane.objects.all()}
     types = {}
     for tt in TaskType.objects.select_related("lane", "retry_policy"):
@@ -73,21 +94,42 @@ def _load(version: str) -> Snapshot:
             options=dict(tt.options or {}),
             policy=Backoff(rp.max_retries, rp.initial_backoff, rp.multiplier, rp.max_backoff, rp.jitter),
         )
-    return Snapshot(version, lanes, types)
+    return Snapshot(version, lanes, types, db_revision)
 
 
 def current() -> Snapshot:
     snap = _snapshot
     if snap is None:
         snap = reload()
+    elif time.monotonic() >= _next_db_check:
+        snap = _check_db(snap)
     return snap
+
+
+def _check_db(snap: Snapshot) -> Snapshot:
+    """Reload when the database's revision moved without a Redis bump reaching us."""
+    global _next_db_check, _snapshot
+    _next_db_check = time.monotonic() + DB_CHECK_INTERVAL_S
+    try:
+        revision = _db_revision()
+    except DatabaseError as exc:
+        logger.debug("config_db_check_skipped error=%r", exc)
+        return snap
+    if revision == snap.db_revision:
+        return snap
+    logger.info("config_changed_in_db revision=%s cached=%s", revision, snap.db_revision)
+    with _lock:
+        if _snapshot is not None and _snapshot.db_revision == snap.db_revision:
+            _snapshot = _load(snap.version)
+        return _snapshot or snap
 
 
 def reload(version: str | None = None) -> Snapshot:
     """Read the configuration again (the version first, so a racing save shows as stale)."""
-    global _snapshot
+    global _snapshot, _next_db_check
     with _lock:
         if version is None or _snapshot is None or _snapshot.version != version:
+            _next_db_check = time.monotonic() + DB_CHECK_INTERVAL_S
             fresh_version = get_redis().get(keys.CONFIG_VERSION)
             fresh_version = fresh_version.decode() if fresh_version else "0"
             _snapshot = _load(fresh_version)

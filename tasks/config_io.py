@@ -107,3 +107,18 @@ def export_config() -> dict[str, list[dict]]:
             for t in TaskType.objects.select_related("lane", "retry_policy")
         ],
     }
+
+
+#: Handlers the default config sets up for tests and load tests only: a production
+#: install (``DISPATCH_PROFILE=production``) gets no task type for them. They stay
+#: registered, so an operator can still add such a type on purpose.
+NON_PRODUCTION_HANDLERS = frozenset({"loadtest.sink"})
+
+
+def default_config_for(data: dict, profile: str) -> dict:
+    """The default config ``data`` as ``manage.py bootstrap`` applies it under ``profile``."""
+    if profile != "production":
+        return data
+    types = [t for t in data.get("task_types", []) if t.get("handler") not in NON_PRODUCTION_HANDLERS]
+    return {**data, "task_types": types}
+

@@ -29,10 +29,12 @@ from celery import Task, signals, states
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
-from lanes import keys, scripts
+from lanes import keys, metrics, scripts
 from lanes.histogram import bucket_label
-from tasks import config, dead_letters, hooks, leases
+from lanes.redis_client import get_redis
+from tasks import config, dead_letters, hooks, leases, validation
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
+from tasks.links import dead_letter_admin_url
 from tasks.messages import Envelope, build_message
 from tasks.retry import decide_retry
 from tasks.validation import encode_json
@@ -93,12 +95,13 @@ def _minute_keys(now: float) -> str:
 
 def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> None:
     env = raw if isinstance(raw, dict) else {}
-    dead_letters.record(
+    _record_dead_letter(
         task_id=task.request.id or "unknown", task_type=str(env.get("type", task.name))[:100],
         lane=str(env.get("lane", ""))[:64], reason="malformed", payload=payload if isinstance(payload, dict) else None,
         message=f"malformed message: {detail}", attempts=0,
     )
-    raise DeadLettered.because("malformed", detail)
+    raise DeadLettered.because("malformed", detail, task_type=str(env.get("type", task.name))[:100],
+                               admin_url=dead_letter_admin_url(task.request.id or "unknown"))
 
 
 def execute(task: Task, args: tuple, kwargs: dict) -> Any:
@@ -190,7 +193,8 @@ class _Run:
             reply = scripts.call(
                 "start",
                 [self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
-                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id)],
+                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id),
+                 keys.DEADLINES],
                 [self.task_id, env.attempt, owner, int(now * 1000),
                  int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
                  self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
@@ -230,7 +234,8 @@ class _Run:
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
         reply = _until_answered(lambda: scripts.call(
             "retry",
-            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now)],
+            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now),
+             keys.DEADLINES],
             [next_env.attempt, message, int((now + decision.delay_s) * 1000),
              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field, self.owner],
         ), "retry", self.task_id)
@@ -245,15 +250,20 @@ class _Run:
 
     def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> None:
         env = self.env
-        dead_letters.record(
+        # The task ends dead in Redis whether or not its row could be written: a row
+        # that cannot be stored must not leave the task running (redelivered, run
+        # again, poison, the same failure, forever).
+        _record_dead_letter(
             task_id=self.task_id, task_type=env.type, lane=env.lane, reason=reason, payload=self.payload,
             chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
             attempts=env.attempt, dispatched_at=env.dispatched_at, exc=exc, message=detail,
         )
-        self._finish("dead", json.dumps(str(DeadLettered.because(reason, detail))), reason)
+        failure = DeadLettered.because(reason, detail, task_type=env.type,
+                                       admin_url=dead_letter_admin_url(self.task_id))
+        self._finish("dead", json.dumps(str(failure)), reason)
         died_at = time.time()
         hooks.emit(hooks.task_finished, lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
-        raise DeadLettered.because(reason, detail)
+        raise failure
 
     def _finish(self, outcome: str, result_json: str, reason: str) -> None:
         env = self.env
@@ -262,7 +272,8 @@ class _Run:
         reply = _until_answered(lambda: scripts.call(
             "finish",
             [self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
-             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id)],
+             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id),
+             keys.DEADLINES],
             [self.task_id, outcome, _bounded(result_json), int(now * 1000), _tombstone_ttl_s(),
              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
              keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
@@ -281,6 +292,42 @@ class _Run:
         qlat = (self.started_at or now) - env.dispatched_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
         return hooks.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
+
+
+def _record_dead_letter(**row: Any) -> None:
+    """Write the dead-letter row; never raise.
+
+    If the row is refused (text the database cannot hold, a constraint, a
+    trigger), write it again with every free-form value replaced by an escaped
+    repr and a note saying so; if that fails too, log loudly with the task id
+    and count ``dead_letter_write_failures`` for the operator's alerts.
+    """
+    try:
+        dead_letters.record(**row)
+        return
+    except Exception as exc:  # noqa: BLE001 - the task must still end (see _die)
+        first = exc
+        logger.error("dead_letter_write_failed task=%s error=%r; retrying with escaped values", row["task_id"], exc)
+    exc = row.pop("exc", None)
+    note = (f"[dead-letter row refused as written ({type(first).__name__}: {first}); payload and metadata "
+            f"kept as escaped text] ")
+    safe = {
+        **{k: validation.scrub_text(v) if isinstance(v, str) else v for k, v in row.items()},
+        "payload": {"unstorable_payload": validation.scrub_text(repr(row.get("payload")))[:100_000]},
+        "metadata": {"unstorable_metadata": validation.scrub_text(repr(row.get("metadata")))[:10_000]},
+        "message": validation.scrub_text(note + (row.get("message") or (str(exc) if exc else ""))),
+    }
+    try:
+        dead_letters.record(**safe)
+        return
+    except Exception as again:  # noqa: BLE001
+        logger.critical("dead_letter_lost task=%s type=%s lane=%s reason=%s error=%r: the task ends dead "
+                        "in Redis with no dead-letter row", row["task_id"], row["task_type"], row["lane"],
+                        row["reason"], again)
+    try:
+        metrics.count_dead_letter_write_failure(get_redis(), row["lane"], row["task_type"])
+    except redis.RedisError as exc2:
+        logger.error("dead_letter_write_failure_not_counted task=%s error=%r", row["task_id"], exc2)
 
 
 #: The result row's state that records each outcome.

@@ -131,6 +131,19 @@ def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> 
     return out
 
 
+def correctness_problems(verdict: Verdict) -> list[str]:
+    """Lost, duplicated, reordered or unknown effects, each with its count."""
+    return [f"{n} {what}" for n, what in ((verdict.lost, "lost"), (verdict.duplicates, "duplicate effects"),
+                                          (verdict.order_violations, "order violations"),
+                                          (verdict.unknown, "unknown applications")) if n]
+
+
+def step_verdict(verdict: Verdict, load: StepLoad) -> tuple[bool, str]:
+    """A step passes when every effect is accounted for and it held its rate (:func:`throughput_problems`)."""
+    problems = correctness_problems(verdict) + throughput_problems(load)
+    return (not problems, "; ".join(problems) or "ok")
+
+
 def step_passed(verdict: Verdict, drained: bool, drain_s: float | None, drain_limit_s: float) -> tuple[bool, str]:
     """A step passes when nothing is lost, duplicated or reordered and the queue drains in time."""
     problems = []
@@ -147,3 +160,93 @@ def step_passed(verdict: Verdict, drained: bool, drain_s: float | None, drain_li
     elif drain_s is not None and drain_s > drain_limit_s:
         problems.append(f"drained in {drain_s:.1f}s > {drain_limit_s:g}s")
     return (not problems, "; ".join(problems) or "ok")
+
+
+# -- the throughput verdict ---------------------------------------------------
+#: A step passes only if completions during the step reach this fraction of the offered rate.
+MIN_COMPLETION_RATIO = 0.97
+#: ... and the backlog when the step ends is under this many seconds of offered load.
+MAX_END_BACKLOG_S = 1.0
+#: A step's queue depth "grows" when it rises faster than this fraction of the offered rate.
+GROWTH_FRACTION = 0.02
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """What a step offered and what the platform did with it, as the verdict needs it."""
+
+    target_per_s: float  # the step's rate
+    offered_per_s: float  # what the generator actually sent per second
+    completed_during_per_s: float  # distinct messages applied between the step's start and end, per second
+    backlog_at_end: int  # accepted but not yet applied when the step ended
+    drained: bool
+    drain_s: float | None  # seconds after the step's end until every task was terminal
+    drain_limit_s: float
+
+
+def throughput_problems(load: StepLoad) -> list[str]:
+    """Why a step did not hold its rate, each with its numbers; empty when it held.
+
+    Draining within the limit after the step is not enough on its own: a step
+    whose workers completed 63 % of the offered rate, with a backlog that
+    drained in 9 s, did not sustain that rate.
+    """
+    problems = []
+    if load.offered_per_s < MIN_COMPLETION_RATIO * load.target_per_s:
+        problems.append(f"generator offered {load.offered_per_s:g}/s < {MIN_COMPLETION_RATIO:.0%} of "
+                        f"{load.target_per_s:g}/s (the load generator could not keep the schedule)")
+    need = MIN_COMPLETION_RATIO * load.offered_per_s
+    if load.completed_during_per_s < need:
+        ratio = load.completed_during_per_s / load.offered_per_s if load.offered_per_s else 0.0
+        problems.append(f"completed {load.completed_during_per_s:g}/s during the step = {ratio:.0%} of offered "
+                        f"{load.offered_per_s:g}/s (needs >= {MIN_COMPLETION_RATIO:.0%})")
+    limit = MAX_END_BACKLOG_S * load.offered_per_s
+    if load.backlog_at_end >= limit:
+        problems.append(f"backlog at the step's end {load.backlog_at_end} >= {limit:g} "
+                        f"({MAX_END_BACKLOG_S:g}s of offered load)")
+    if not load.drained:
+        problems.append("did not drain")
+    elif load.drain_s is not None and load.drain_s > load.drain_limit_s:
+        problems.append(f"drained in {load.drain_s:.1f}s > {load.drain_limit_s:g}s")
+    return problems
+
+
+def completed_between(log: Sequence[Applied], keys: set[str], start_ms: float, end_ms: float) -> int:
+    """Distinct messages of ``keys`` first applied within ``[start_ms, end_ms]``."""
+    first: dict[str, float] = {}
+    for entry in log:
+        if entry.key in keys and entry.key not in first:
+            first[entry.key] = entry.at_ms
+    return sum(1 for at in first.values() if start_ms <= at <= end_ms)
+
+
+def depth_slope(samples: Sequence[tuple[float, float]]) -> float:
+    """Least-squares slope of queue depth over time (tasks/s) from ``(seconds, depth)`` samples; 0 if too few."""
+    if len(samples) < 3:
+        return 0.0
+    n = len(samples)
+    mean_t = sum(t for t, _ in samples) / n
+    mean_d = sum(d for _, d in samples) / n
+    var = sum((t - mean_t) ** 2 for t, _ in samples)
+    if var == 0:
+        return 0.0
+    return sum((t - mean_t) * (d - mean_d) for t, d in samples) / var
+
+
+def depth_grows(rate: float, samples: Sequence[tuple[float, float]]) -> bool:
+    """The queue grows during a step when depth rises faster than :data:`GROWTH_FRACTION` of the rate."""
+    return depth_slope(samples) > max(1.0, GROWTH_FRACTION * rate)
+
+
+def knee(steps: Sequence[tuple[float, Sequence[tuple[float, float]]]]) -> float | None:
+    """The lowest step rate at which queue depth starts to grow (``(rate, depth samples)`` per step); None if none."""
+    for rate, samples in sorted(steps, key=lambda s: s[0]):
+        if depth_grows(rate, samples):
+            return rate
+    return None
+
+
+def sustained(results: Sequence[tuple[float, bool]]) -> float | None:
+    """The highest step rate that passed; None when none did."""
+    passing = [rate for rate, passed in results if passed]
+    return max(passing) if passing else None

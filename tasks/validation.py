@@ -38,6 +38,69 @@ def is_clean_text(value: Any, max_len: int) -> bool:
     return isinstance(value, str) and 0 < len(value) <= max_len and value.isprintable()
 
 
+def unstorable_text(value: Any, root: str) -> str | None:
+    """Where a JSON value holds text no database can store, as ``root.a[3].b contains U+0000``, or None.
+
+    PostgreSQL's ``jsonb`` (the dead-letter row) refuses NUL, and lone
+    surrogates cannot be written as UTF-8 at all: a task carrying either would
+    be accepted, then fail to be recorded when it dies. Walks keys and values
+    at any depth without recursion (the value is known to be acyclic: it was
+    JSON-encoded first).
+    """
+    stack: list[tuple[str, Any]] = [(root, value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            bad = _bad_char(item)
+            if bad:
+                return f"{path} contains {bad}"
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                name = key if isinstance(key, str) else str(key)
+                bad = _bad_char(name)
+                if bad:
+                    return f"{path} has a key {name[:40]!r} containing {bad}"
+                stack.append((f"{path}.{name}" if name.isidentifier() else f"{path}[{name!r}]", child))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((f"{path}[{i}]", child) for i, child in reversed(list(enumerate(item))))
+    return None
+
+
+def _bad_char(text: str) -> str | None:
+    if "\x00" in text:
+        return "U+0000"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"a lone surrogate U+{ord(text[exc.start]):04X}"
+    return None
+
+
+def scrub_text(text: str) -> str:
+    """``text`` with NUL and lone surrogates escaped, so any database column stores it."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _encode_checked(value: Any, reason: str, root: str) -> str:
+    """``encode_json`` of ``value``, or ``Invalid(reason)`` naming where it is bad."""
+    try:
+        text = encode_json(value)
+    except UnicodeEncodeError:
+        text = None
+    except (TypeError, ValueError, RecursionError) as exc:
+        # RecursionError: nested too deep to encode (the fault campaign's hostile input made
+        # dispatch raise instead of answering; a rejection is a result, never an exception).
+        raise Invalid(reason, f"{root} is not valid JSON: {exc}") from None
+    # NUL always shows as \u0000 in the JSON text: walk only when it (or a surrogate) may be there.
+    if text is None or "\\u0000" in text:
+        where = unstorable_text(value, root)
+        if where:
+            raise Invalid(reason, where)
+        if text is None:
+            raise Invalid(reason, f"{root} is not valid UTF-8")
+    return text
+
+
 def encode_json(value: Any) -> str:
     """Compact JSON that is valid UTF-8; raises ValueError on anything else."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
@@ -65,12 +128,7 @@ def check_dispatch(
         raise Invalid("type_disabled", f"task type '{type_name}' is disabled")
     if not isinstance(payload, dict):
         raise Invalid("invalid_payload", f"payload must be a JSON object, not {type(payload).__name__}")
-    try:
-        payload_json = encode_json(payload)
-    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as exc:
-        # RecursionError: nested too deep to encode (the fault campaign's hostile input made
-        # dispatch raise instead of answering; a rejection is a result, never an exception).
-        raise Invalid("invalid_payload", f"payload is not valid JSON: {exc}") from None
+    payload_json = _encode_checked(payload, "invalid_payload", "payload")
     size = len(payload_json.encode("utf-8"))
     if size > max_payload_bytes:
         raise Invalid("payload_too_large", f"payload is {size} bytes; '{type_name}' allows {max_payload_bytes}")
@@ -104,10 +162,7 @@ def check_dispatch(
         metadata = {}
     if not isinstance(metadata, dict):
         raise Invalid("invalid_metadata", "metadata must be a JSON object")
-    try:
-        meta_size = len(encode_json(metadata).encode("utf-8"))
-    except (TypeError, ValueError, UnicodeEncodeError, RecursionError) as exc:
-        raise Invalid("invalid_metadata", f"metadata is not valid JSON: {exc}") from None
+    meta_size = len(_encode_checked(metadata, "invalid_metadata", "metadata").encode("utf-8"))
     if meta_size > MAX_METADATA_BYTES:
         raise Invalid("invalid_metadata", f"metadata is {meta_size} bytes; at most {MAX_METADATA_BYTES}")
 

@@ -17,6 +17,10 @@ from tasks.registry import handler
 
 #: Seconds a run's record of applied messages is kept.
 RECORD_TTL_S = 3600
+#: Most applied keys and log lines kept per run (far above any load-test step).
+RECORD_MAX_ENTRIES = 2_000_000
+#: Most runs whose per-process counts (``drop_every``) are remembered.
+MAX_COUNTED_RUNS = 1000
 
 
 def applied_key(run: str) -> str:
@@ -33,6 +37,8 @@ _counts: dict[str, int] = {}
 
 def _nth_of_run(run: str) -> int:
     with _counts_lock:
+        if run not in _counts and len(_counts) >= MAX_COUNTED_RUNS:
+            _counts.clear()
         n = _counts[run] = _counts.get(run, 0) + 1
         return n
 
@@ -55,5 +61,5 @@ def sink(payload: dict, ctx: Any) -> dict:
         # handles for the run is "applied" without a trace. Proves the checker can fail.
         return {"applied": False}
     scripts.call("sink_record", [applied_key(run), log_key(run)],
-                 [key, f"{ctx.chat_id}\t{seq}\t{now_ms}\t{key}", RECORD_TTL_S])
+                 [key, f"{ctx.chat_id}\t{seq}\t{now_ms}\t{key}", RECORD_TTL_S, RECORD_MAX_ENTRIES])
     return {"applied": True}

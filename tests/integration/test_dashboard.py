@@ -43,7 +43,8 @@ def test_dashboard_shows_each_lane_with_its_numbers(admin_client):
 
     data = admin_client.get("/admin/dashboard/data/").json()
     row = next(r for r in data["data"]["lanes"] if r["name"] == lane)
-    assert (row["depth"], row["admission"], row["consuming"]) == (3, "open", "consuming")
+    # Issue 13: no worker consumes this lane, and the dashboard says so.
+    assert (row["depth"], row["admission"], row["consuming"]) == (3, "open", "no worker")
     assert row["depth_by_priority"]["9"] == 1 and row["depth_by_priority"]["1"] == 2
     assert row["stats"]["counts_15m"]["dispatched"] == 3 and row["stats"]["counts_15m"]["rejected"] == 1
     assert f'data-lane="{lane}"' in data["html"]

@@ -94,6 +94,7 @@ class _Static(Collector):
 def test_prometheus_families_follow_the_naming_conventions():
     totals = _counters(dispatched__rt__send=4, started__rt__send=5, succeeded__rt__send=3, retried__rt__send__1=1,
                        dead__rt__send__non_retryable=1, rejected__rt__send__lane_closed=2, completed__rt=4,
+                       dead_letter_write_failures__rt__send=1,
                        **{"qlat__rt__send__0.01": 3, "qlat__rt__send__+Inf": 1, "qlat_sum__rt__send": 400.02,
                           "xlat__rt__send__0.5": 4, "xlat_sum__rt__send": 1.6})
     gauges = {"rt": LaneGauges(depth_by_priority={p: (2 if p == 5 else 0) for p in range(10)}, in_flight=1)}
@@ -113,6 +114,7 @@ def test_prometheus_families_follow_the_naming_conventions():
     assert value("dispatch_rejections_total", lane="rt", type="send", reason="lane_closed") == 2
     assert value("dispatch_dead_letters_total", lane="rt", type="send", reason="non_retryable") == 1
     assert value("dispatch_retries_total", lane="rt", type="send", attempt="1") == 1
+    assert value("dispatch_dead_letter_write_failures_total", lane="rt", type="send") == 1
     assert value("dispatch_queue_latency_seconds_bucket", lane="rt", type="send", le="0.01") == 3
     assert value("dispatch_queue_latency_seconds_bucket", lane="rt", type="send", le="300.0") == 3
     assert value("dispatch_queue_latency_seconds_bucket", lane="rt", type="send", le="+Inf") == 4

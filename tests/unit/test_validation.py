@@ -84,3 +84,43 @@ def test_an_envelope_round_trips_every_field():
                    key="k", meta={"trace": "x"})
     assert env.as_dict() == asdict(env)  # the hand-written form misses no field
     assert Envelope.from_dict(env.as_dict()) == env
+
+
+# --- text no database can store (issue 12: a dead letter that cannot be written) -----------
+
+def detail_of(**overrides) -> tuple[str, str]:
+    with pytest.raises(Invalid) as err:
+        check_dispatch(**{**BASE, "max_payload_bytes": 10_000, **overrides})
+    return err.value.reason, err.value.detail
+
+
+@pytest.mark.parametrize("overrides, reason, where", [
+    ({"payload": {"a": "x\x00y"}}, "invalid_payload", "payload.a contains U+0000"),
+    ({"payload": {"items": [{"text": "ok"}, {"text": "ok"}, {}, {"text": "nul\x00"}]}},
+     "invalid_payload", "payload.items[3].text contains U+0000"),
+    ({"payload": {"deep": [[[["\x00"]]]]}}, "invalid_payload", "payload.deep[0][0][0][0] contains U+0000"),
+    ({"payload": {"k\x00": 1}}, "invalid_payload", "payload has a key 'k\\x00' containing U+0000"),
+    ({"payload": {"nested": {"bad\x00key": 1}}}, "invalid_payload", "payload.nested has a key"),
+    ({"payload": {"a b": ["\ud800"]}}, "invalid_payload", "payload['a b'][0] contains a lone surrogate U+D800"),
+    ({"payload": {"\udcff": 1}}, "invalid_payload", "payload has a key '\\udcff' containing a lone surrogate"),
+    ({"metadata": {"trace": "\x00"}}, "invalid_metadata", "metadata.trace contains U+0000"),
+    ({"metadata": {"tags": ["a", "\udfff"]}}, "invalid_metadata", "metadata.tags[1] contains a lone surrogate"),
+    ({"metadata": {"\x00": "v"}}, "invalid_metadata", "metadata has a key"),
+])
+def test_nul_and_lone_surrogates_are_refused_naming_the_path(overrides, reason, where):
+    got_reason, detail = detail_of(**overrides)
+    assert got_reason == reason
+    assert where in detail
+
+
+def test_text_that_only_looks_like_nul_is_accepted():
+    # A literal backslash-u0000 (six characters) is ordinary text: stored fine everywhere.
+    checked = check_dispatch(**{**BASE, "payload": {"a": "\\u0000"}, "metadata": {"m": "\\u0000"}})
+    assert checked.payload_json == '{"a":"\\\\u0000"}'
+
+
+def test_scrub_text_makes_any_text_storable():
+    from tasks.validation import scrub_text
+
+    assert scrub_text("a\x00b\ud800c") == "a\\x00b\\ud800c"
+    scrub_text("\udcff").encode("utf-8")

@@ -4,6 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from lanes.signals import ConfigVersionNotPublished
 from tasks.config_io import apply_config
 from tasks.errors import ConfigError
 
@@ -26,4 +27,6 @@ class Command(BaseCommand):
             counts = apply_config(data)
         except ConfigError as exc:
             raise CommandError(f"{opts['file']}: {exc} (nothing was changed)") from None
+        except ConfigVersionNotPublished as exc:
+            raise CommandError(f"{opts['file']}: {exc}") from None
         self.stdout.write(", ".join(f"{n} {section}" for section, n in counts.items()) + " applied")

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from django.conf import settings
@@ -8,7 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from lanes.models import Lane
-from tasks.config_io import apply_config
+from tasks.config_io import apply_config, default_config_for
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "defaults" / "default_config.json"
 
@@ -26,6 +27,7 @@ class Command(BaseCommand):
             User.objects.create_superuser("admin", "admin@localhost", settings.GENERATED["admin_password"])
             self.stdout.write("created admin user 'admin'")
         if not Lane.objects.exists():
-            apply_config(json.loads(DEFAULT_CONFIG.read_text()))
+            profile = os.environ.get("DISPATCH_PROFILE", "")
+            apply_config(default_config_for(json.loads(DEFAULT_CONFIG.read_text()), profile))
             self.stdout.write(f"applied the default config from {DEFAULT_CONFIG.name}")
         call_command("collectstatic", interactive=False, verbosity=0)

@@ -8,7 +8,9 @@ import threading
 from django.core.management.base import BaseCommand, CommandError
 
 from tasks import loadtest
-from tasks.output import dumps, table
+from tasks.output import HelpFormatter, dumps, table
+
+_DEFAULTS = loadtest.LoadTestOptions()
 
 
 def _int_list(text: str) -> list[int]:
@@ -25,16 +27,27 @@ class Command(BaseCommand):
     help = (
         "Stepped, open-loop load test of a running platform with verification: per step offered/accepted/"
         "completed rates, dispatch and end-to-end latency, drain time, lost/duplicate/out-of-order effects and "
-        "per-task Redis and SQL costs. Exit 0 when every step passes, 1 when a step fails to drain in time "
-        "(or Ctrl-C), 3 when anything was lost, duplicated or reordered."
+        "per-task Redis and SQL costs. A step passes only when, during the step, completions reach 97% of the "
+        "offered rate and the backlog at its end is under one second of offered load, it drains within "
+        "--drain-limit after, and nothing was lost, duplicated or reordered; 'sustained' is the highest passing "
+        "step, 'knee' the lowest step whose queue depth grew. Exit 0 when every step passes, 1 when a step "
+        "fails (or Ctrl-C), 3 when anything was lost, duplicated or reordered."
     )
 
+    def create_parser(self, prog_name, subcommand, **kwargs):
+        return super().create_parser(prog_name, subcommand, formatter_class=HelpFormatter, **kwargs)
+
     def add_arguments(self, parser):
-        parser.add_argument("--steps", default="50,100,200,300,500,1000", help="rates in tasks/s, comma-separated")
-        parser.add_argument("--step-seconds", type=float, default=30.0)
-        parser.add_argument("--chats", type=int, default=1000)
-        parser.add_argument("--latency-ms", type=float, default=20.0, help="simulated outbound I/O per message")
-        parser.add_argument("--fail-rate", type=float, default=0.01, help="fraction of attempts that fail retryably")
+        parser.add_argument("--steps", default=",".join(map(str, _DEFAULTS.steps)),
+                            help="rates in tasks/s, comma-separated (the defaults suit `make run`'s workers)")
+        parser.add_argument("--step-seconds", type=float, default=_DEFAULTS.step_seconds,
+                            help="how long each step lasts")
+        parser.add_argument("--chats", type=int, default=_DEFAULTS.chats,
+                            help="distinct chats the messages spread over")
+        parser.add_argument("--latency-ms", type=float, default=_DEFAULTS.latency_ms,
+                            help="simulated outbound I/O per message")
+        parser.add_argument("--fail-rate", type=float, default=_DEFAULTS.fail_rate,
+                            help="fraction of attempts that fail retryably")
         parser.add_argument("--type", dest="type_name", default="loadtest.sink",
                             help="a chat-scoped task type whose handler is loadtest.sink")
         parser.add_argument("--drain-limit", type=float, default=10.0,
@@ -84,9 +97,12 @@ class Command(BaseCommand):
             self.stdout.write(table(loadtest.table_rows(report), loadtest.TABLE_COLUMNS))
             self.stdout.write(
                 f"run {report.run}  type {report.type}  lane {report.lane}  "
-                f"sustained rate: {report.sustained_rate or 0}/s"
+                f"sustained rate: {report.sustained_rate or 0}/s  "
+                f"knee: {f'{report.knee_rate}/s' if report.knee_rate else 'none (depth never grew)'}"
                 + ("  (interrupted)" if report.interrupted else "")
                 + (f"  plot: {opts['plot']}" if opts["plot"] and report.steps else "")
             )
+            if any(not s.passed and not s.interrupted for s in report.steps):
+                self.stdout.write(loadtest.WORKER_HINT)
         if report.exit_code:
             raise SystemExit(report.exit_code)

@@ -1,0 +1,33 @@
+"""The load-test sink's record is bounded, and production installs get no sink type (issue 12, item 11)."""
+
+from __future__ import annotations
+
+import json
+
+from tests.support.helpers import unique
+
+
+def test_the_sink_record_keeps_at_most_its_cap(rc):
+    from lanes import scripts
+    from tasks.handlers.sink import applied_key, log_key
+
+    run = unique("cap")
+    for i in range(10):
+        scripts.call("sink_record", [applied_key(run), log_key(run)], [f"k{i % 6}", f"line {i}", 60, 3])
+    assert rc.llen(log_key(run)) == 3
+    assert rc.lrange(log_key(run), 0, -1) == [b"line 7", b"line 8", b"line 9"]
+    applied = rc.hgetall(applied_key(run))
+    assert len(applied) == 4  # three keys and the overflow count
+    assert applied[b"k0"] == b"2" and int(applied[b"_overflow"]) == 4  # k3, k4, k5, k3
+    assert 0 < rc.ttl(log_key(run)) <= 60
+
+
+def test_the_production_default_config_has_no_sink_type():
+    from tasks.config_io import default_config_for
+    from tasks.management.commands.bootstrap import DEFAULT_CONFIG
+
+    data = json.loads(DEFAULT_CONFIG.read_text())
+    assert any(t["handler"] == "loadtest.sink" for t in default_config_for(data, "")["task_types"])
+    production = default_config_for(data, "production")
+    assert production["task_types"] and not any(t["handler"] == "loadtest.sink" for t in production["task_types"])
+    assert production["lanes"] == data["lanes"]
