@@ -6,7 +6,7 @@ from django.db import migrations
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('lanes', '0001_initial'),
+        ('lanes', '0002_config_revision'),
     ]
 
     operations = [
