@@ -43,6 +43,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # django-ninja's own templates and static files: the API docs page then loads
+    # Swagger UI from this site, not a CDN with an inline script (the CSP allows neither).
+    "ninja",
     "django_celery_results",
     "lanes",
     "tasks",
