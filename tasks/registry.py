@@ -35,6 +35,9 @@ class HandlerSpec:
     func: Callable[..., Any]
     validate_options: OptionsValidator | None
     description: str
+    #: The option keys the handler reads; any other key is refused (a typo
+    #: such as ``urll`` would otherwise be ignored). ``None``: not declared, not checked.
+    option_keys: tuple[str, ...] | None = None
     #: Options of the Celery task bound for it (``@handler("x", queue=...)``).
     task_options: dict[str, Any] = field(default_factory=dict)
 
@@ -45,14 +48,24 @@ _tasks: dict[str, Task] = {}
 _bound_to: tuple[Celery, type[Task]] | None = None
 
 
-def handler(name: str, *, validate_options: OptionsValidator | None = None, **task_options: Any) -> Callable[[F], F]:
-    """Declare ``func`` as the handler ``name`` (also its Celery task name, shown in Flower)."""
+def handler(
+    name: str,
+    *,
+    validate_options: OptionsValidator | None = None,
+    option_keys: tuple[str, ...] | None = None,
+    **task_options: Any,
+) -> Callable[[F], F]:
+    """Declare ``func`` as the handler ``name`` (also its Celery task name, shown in Flower).
+
+    ``option_keys`` lists the task-type options the handler reads; others are refused.
+    """
 
     def decorator(func: F) -> F:
         if name in _handlers and _handlers[name].func is not func:
             raise ValueError(f"handler '{name}' is already registered")
         doc = (func.__doc__ or "").strip().splitlines()
-        spec = HandlerSpec(name, func, validate_options, doc[0] if doc else "", dict(task_options))
+        spec = HandlerSpec(name, func, validate_options, doc[0] if doc else "",
+                           tuple(option_keys) if option_keys is not None else None, dict(task_options))
         _handlers[name] = spec
         if _bound_to is not None:
             _bind_one(spec, *_bound_to)
@@ -97,5 +110,11 @@ def get(name: str) -> HandlerSpec:
 def validate_options(name: str, options: dict) -> None:
     """Raise ValueError naming what is wrong with a task type's ``options``."""
     spec = _handlers[name]
+    if spec.option_keys is not None:
+        unknown = sorted(set(options) - set(spec.option_keys))
+        if unknown:
+            known = ", ".join(spec.option_keys) or "none"
+            raise ValueError(f"unknown option{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(repr(k) for k in unknown)} for handler '{name}'; known options: {known}")
     if spec.validate_options is not None:
         spec.validate_options(options)
