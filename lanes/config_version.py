@@ -15,9 +15,8 @@ from django.db import models, transaction
 from django.db.models import F
 from django.db.models.signals import post_delete, post_save
 
-from lanes import keys
+from lanes import keys, redis_client
 from lanes.models import ConfigRevision
-from lanes.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +38,7 @@ def bump_config_version() -> None:
     """
     for delay in (*BUMP_RETRY_DELAYS_S, None):
         try:
-            get_redis().incr(keys.CONFIG_VERSION)
+            redis_client.get_redis().incr(keys.CONFIG_VERSION)  # looked up per call: tests point it elsewhere
             return
         except redis.RedisError as exc:
             error = exc
