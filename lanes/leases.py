@@ -22,8 +22,9 @@ import time
 
 from django.conf import settings
 
-from lanes import keys, scripts
+from lanes import keys
 from lanes.forksafe import ForkSafeLock
+from lanes.lua.forget import forget
 from lanes.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def settle_now() -> None:
         if not batch:
             return
         try:
-            scripts.call("forget", [keys.LEASES, *batch], [])
+            forget(batch)
         except Exception:
             with _lock:
                 _settling[:0] = batch  # Redis away: keep them for the next call

@@ -6,7 +6,7 @@ costs no Redis call between its pop and its ack.
 Stock kombu keeps a copy of every delivered message in Redis (its unacked hash,
 one pipelined call on receipt, another on ack) so that it can hand it back
 after the visibility timeout if its worker dies. A platform task does not need
-it: its record already carries the message under a lease (``lanes/scripts``):
+it: its record already carries the message under a lease (``lanes/lua``):
 queued until the claim, renewed while it runs, and, once finished, until its
 result row is stored; the recovery sweep republishes it when a lease runs out,
 and the claim lets exactly one copy run. So a message marked as leased

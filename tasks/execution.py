@@ -29,8 +29,11 @@ from celery import Task, states
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
-from lanes import keys, leases, metrics, scripts
+from lanes import keys, leases, metrics
 from lanes.histogram import bucket_label
+from lanes.lua.finish import finish as lua_finish
+from lanes.lua.retry import retry as lua_retry
+from lanes.lua.start import start as lua_start
 from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
 from tasks import config, dead_letters, validation
@@ -62,10 +65,6 @@ class HandlerTask(Task):
         settle = getattr(self.request, "dispatch_settle", None)
         if settle and settle[1] == status:
             leases.settle(settle[0])
-
-
-def _minute_keys(now: float) -> str:
-    return keys.metrics_minute(int(now // 60))
 
 
 def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> None:
@@ -165,14 +164,11 @@ class _Run:
         owner = leases.owner_id()
         qlat = now - env.dispatched_at
         for _ in range(2):
-            reply = scripts.call(
-                "start",
-                [self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
-                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id),
-                 keys.DEADLINES],
-                [self.task_id, env.attempt, owner, int(now * 1000),
-                 int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
-                 self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
+            reply = lua_start(
+                task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner, now=now,
+                lease_ms=int(settings.DISPATCH_LEASE_S * 1000), max_deliveries=settings.DISPATCH_MAX_DELIVERIES,
+                dead_owner=dead_owner, metric_field=self.field,
+                queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
             )
             status = reply[0].decode()
             if status == "run":
@@ -207,12 +203,10 @@ class _Run:
         next_env = replace(env, attempt=env.attempt + 1)
         soft_limit = min(tc.attempt_timeout_s, max(0.001, env.deadline - now))
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
-        reply = _until_answered(lambda: scripts.call(
-            "retry",
-            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now),
-             keys.DEADLINES],
-            [next_env.attempt, message, int((now + decision.delay_s) * 1000),
-             int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field, self.owner],
+        reply = _until_answered(lambda: lua_retry(
+            record=self.record, lane=env.lane, now=now, next_attempt=next_env.attempt, message=message,
+            due=now + decision.delay_s, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+            metric_field=self.field, owner=self.owner,
         ), "retry", self.task_id)
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
@@ -245,16 +239,12 @@ class _Run:
         env = self.env
         now = time.time()
         xlat = now - self.started_at if self.started_at else None
-        reply = _until_answered(lambda: scripts.call(
-            "finish",
-            [self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
-             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id),
-             keys.DEADLINES],
-            [self.task_id, outcome, _bounded(result_json), int(now * 1000), _tombstone_ttl_s(),
-             int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
-             keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
-             bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
-             f"{xlat or 0:.6f}", self.owner, int(settings.DISPATCH_LEASE_S * 1000)],
+        reply = _until_answered(lambda: lua_finish(
+            task_id=self.task_id, record=self.record, chat=env.chat, outcome=outcome,
+            result_json=_bounded(result_json), now=now, tombstone_ttl_s=_tombstone_ttl_s(),
+            queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000), metric_field=self.field, reason=reason,
+            execution_latency_bucket=bucket_label(xlat) if xlat is not None else "",
+            execution_latency_s=xlat or 0, owner=self.owner, settle_lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
         ), "finish", self.task_id)
         if reply[0] == b"taken":
             # Our lease ran out while Redis was away and another worker claimed the

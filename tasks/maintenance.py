@@ -23,8 +23,12 @@ from celery import bootsteps, current_app, shared_task, states
 from django.conf import settings
 
 from lanes import keys, metrics
+from lanes.lua.audit import audit as lua_audit
+from lanes.lua.expire import expire as lua_expire
+from lanes.lua.forget import forget_expired_pending
+from lanes.lua.promote import promote
+from lanes.lua.sweep import sweep as lua_sweep
 from lanes.redis_client import get_redis
-from lanes.scripts import script
 from tasks import config, dead_letters
 from tasks import signals as lifecycle
 from tasks.errors import DeadLettered
@@ -32,8 +36,8 @@ from tasks.execution import _tombstone_ttl_s
 
 logger = logging.getLogger(__name__)
 BATCH = 500
-#: kombu's Redis hash of reserved (delivered, unacknowledged) messages, by delivery tag.
-BROKER_UNACKED_KEY = "unacked"
+#: kombu's Redis hash of reserved messages (now ``lanes.keys.BROKER_UNACKED``; this name kept).
+BROKER_UNACKED_KEY = keys.BROKER_UNACKED
 #: How many entries of a lane list the sweep searches (from the consuming end) for a queued copy.
 SWEEP_SEARCH_DEPTH = 1000
 
@@ -45,29 +49,25 @@ def promote_due(lanes: list[str] | None = None) -> int:
     lease_ms = int(settings.DISPATCH_QUEUED_LEASE_S * 1000)
     moved = 0
     for lane in names:
-        moved += int(script("promote")(keys=[keys.lane_delayed(lane), keys.LEASES], args=[now_ms, BATCH, lease_ms]))
+        moved += promote(lane=lane, now_ms=now_ms, batch=BATCH, queued_lease_ms=lease_ms)
     return moved
 
 
 def sweep() -> tuple[int, int]:
     """Republish tasks whose lease expired; returns (republished, forgotten)."""
-    republished, forgotten, _waiting = script("sweep")(
-        keys=[keys.LEASES, keys.DEADLINES],
-        args=[int(time.time() * 1000), BATCH, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-              keys.lane_delayed(""), BROKER_UNACKED_KEY, SWEEP_SEARCH_DEPTH],
+    republished, forgotten, _waiting = lua_sweep(
+        now_ms=int(time.time() * 1000), batch=BATCH, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+        search_depth=SWEEP_SEARCH_DEPTH,
     )
     if republished:
         logger.warning("sweep_republished count=%d", republished)
-    return int(republished), int(forgotten)
+    return republished, forgotten
 
 
 def audit_chats(batch: int = 200) -> list[int]:
     """Check a batch of active chats for a head that cannot move; see audit.lua."""
-    result = [int(n) for n in script("audit")(
-        keys=[keys.chat_index(), keys.LEASES, keys.CHAT_AUDIT_CURSOR],
-        args=[int(time.time() * 1000), batch, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-              keys.PREFIX + "chat:", keys.lane_chat_waiting("")],
-    )]
+    result = lua_audit(now_ms=int(time.time() * 1000), batch=batch,
+                       queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
     if any(result[1:]):
         logger.warning("chat_audit_repaired checked=%d handed_over=%d republished=%d dropped=%d", *result)
     return result
@@ -87,12 +87,10 @@ def expire_due(batch: int = BATCH) -> int:
     rows next (idempotent), then the records are settled.
     """
     error = DeadLettered.because("expired", EXPIRED_DETAIL)
-    reply = script("expire")(
-        keys=[keys.DEADLINES, keys.EXPIRED_PENDING, keys.LEASES, keys.chat_index(), keys.METRICS_TOTAL,
-              keys.metrics_minute(int(time.time() // 60))],
-        args=[int(time.time() * 1000), batch, json.dumps(str(error)), _tombstone_ttl_s(),
-              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), keys.PREFIX + "chat:", keys.lane_chat_waiting(""),
-              keys.lane_delayed(""), keys.tombstone(""), int(EXPIRED_ROWS_RETRY_S * 1000), SWEEP_SEARCH_DEPTH],
+    reply = lua_expire(
+        now=time.time(), batch=batch, result_json=json.dumps(str(error)), tombstone_ttl_s=_tombstone_ttl_s(),
+        queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+        retry_rows_ms=int(EXPIRED_ROWS_RETRY_S * 1000), search_depth=SWEEP_SEARCH_DEPTH,
     )
     written = []
     for record, msg in zip(reply[::2], reply[1::2], strict=True):
@@ -103,7 +101,7 @@ def expire_due(batch: int = BATCH) -> int:
             continue
         written.append(record)
     if written:
-        script("forget")(keys=[keys.EXPIRED_PENDING, *written], args=[])
+        forget_expired_pending([record.decode() for record in written])
         logger.warning("expired_waiting count=%d", len(written))
     return len(written)
 
