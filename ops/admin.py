@@ -86,6 +86,20 @@ class LaneAdmin(admin.ModelAdmin):
     def has_control_permission(self, request) -> bool:
         return request.user.has_perm("lanes.control_lane")
 
+    def get_changelist_instance(self, request):
+        """Only users with the lane-control permission get the editable ``accepting`` column (and its POST)."""
+        changelist = super().get_changelist_instance(request)
+        if not self.has_control_permission(request):
+            changelist.list_editable = ()
+        return changelist
+
+    def get_readonly_fields(self, request, obj=None):
+        """Opening or closing a lane in its form needs the lane-control permission too."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and not self.has_control_permission(request):
+            fields += ("accepting",)
+        return fields
+
     def save_model(self, request, obj, form, change):
         """Log an admission change made through the form or the list's checkbox, like the actions do."""
         before = Lane.objects.filter(pk=obj.pk).values_list("accepting", flat=True).first() if change else None

@@ -7,7 +7,7 @@ import logging
 
 from django.conf import settings
 from django.contrib import admin, messages
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
@@ -19,6 +19,8 @@ from lanes.models import Lane, LaneEvent
 from ops import charts, control, metrics
 
 logger = logging.getLogger(__name__)
+
+TEXT = "text/plain; charset=utf-8"
 
 CONFIRM_TEXT = {
     "close": "Dispatch will answer lane_closed for every new task of this lane. Tasks already waiting still run.",
@@ -43,7 +45,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     user = request.user
     if not (_bearer_ok(request) or (user.is_authenticated and user.is_active and user.is_staff)):
         response = HttpResponse("authentication required: Authorization: Bearer <DISPATCH_METRICS_TOKEN>\n",
-                                status=401, content_type="text/plain")
+                                status=401, content_type=TEXT)
         response["WWW-Authenticate"] = 'Bearer realm="dispatch metrics"'
         return response
     from ops.prometheus import registry
@@ -51,12 +53,24 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)
 
 
+def _text(body: str, status: int) -> HttpResponse:
+    """A plain-text answer: whatever the URL carried is never read as HTML."""
+    return HttpResponse(body, status=status, content_type=TEXT)
+
+
+#: Flower can shut workers down, revoke tasks and read every payload: being
+#: staff is not enough, the user needs this permission (superusers have all).
+FLOWER_PERMISSION = "lanes.use_flower"
+
+
 def flower_auth(request: HttpRequest) -> HttpResponse:
-    """For a reverse proxy's ``auth_request``: 204 for a staff session, 401 otherwise."""
+    """For a reverse proxy's ``auth_request``: 204 with the Flower permission, 403 without, 401 logged out."""
     user = request.user
-    if user.is_authenticated and user.is_active and user.is_staff:
-        return HttpResponse(status=204)
-    return HttpResponse(status=401)
+    if not (user.is_authenticated and user.is_active and user.is_staff):
+        return HttpResponse(status=401)
+    if not user.has_perm(FLOWER_PERMISSION):
+        return _text("you need the 'Can use Flower' permission\n", 403)
+    return HttpResponse(status=204)
 
 
 def _can_control(request: HttpRequest) -> bool:
@@ -111,13 +125,13 @@ def dashboard_data(request: HttpRequest) -> JsonResponse:
 @require_http_methods(["GET", "POST"])
 def lane_control(request: HttpRequest, name: str, action: str) -> HttpResponse:
     """GET: the confirmation page; POST: apply, log who did it, back to the dashboard."""
-    if action not in control.ACTIONS:
-        return HttpResponse(f"unknown action {action!r}", status=404)
     if not _can_control(request):
-        return HttpResponseForbidden("you need the 'Can close, open, pause, resume and drain lanes' permission")
+        return _text("you need the 'Can close, open, pause, resume and drain lanes' permission\n", 403)
+    if action not in control.ACTIONS:
+        return _text(f"unknown action {action!r}\n", 404)
     lane = Lane.objects.filter(name=name).first()
     if lane is None:
-        return HttpResponse(f"no lane named {name!r}", status=404)
+        return _text(f"no lane named {name!r}\n", 404)
     back = reverse("dispatch-dashboard")
     if request.method == "POST":
         try:

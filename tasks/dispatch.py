@@ -82,13 +82,18 @@ def admit(
     timeout: float | None = None,
     metadata: dict | None = None,
     _replace_idempotency: bool = False,
+    _task_id: str | None = None,
 ) -> DispatchResult:
-    """Validate, admit and publish one task; see the module docstring."""
+    """Validate, admit and publish one task; see the module docstring.
+
+    ``_task_id`` (a dead letter's requeue) fixes the new task's id: with
+    ``_replace_idempotency`` a task of that id already stored answers ``dup``.
+    """
     try:
         snap = config.current()
     except redis.RedisError as exc:
         return _unavailable(exc, None)
-    task_id = str(uuid.uuid4())
+    task_id = _task_id or str(uuid.uuid4())
     confirmed = False
     for _ in range(4):
         tc = snap.types.get(task_type) if isinstance(task_type, str) else None

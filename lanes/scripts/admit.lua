@@ -10,7 +10,9 @@
 --   the delivery tag's place), 5 kombu priority 0..9, 6 accepting 0/1,
 --   7 lane capacity, 8 chat id or '', 9 chat queue size, 10 payload digest or ''
 --   (no idempotency key), 11 idempotency window s, 12 queued lease ms,
---   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue)
+--   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue;
+--   its task id is derived from the dead letter, so a task record of that id
+--   already here means an earlier requeue of the same row: answer 'dup')
 -- KEYS[21] metrics of the previous minute (for the lane's recent completion rate)
 -- KEYS[22] the idempotency key in its old, ambiguous format: read (never written)
 --   when KEYS[4] is absent, until keys stored before the upgrade have expired
@@ -41,6 +43,10 @@ end
 local task_id, chat_id, digest = ARGV[3], ARGV[8], ARGV[10]
 local lane, ttype = ARGV[13], ARGV[14]
 local field_base = lane .. '|' .. ttype
+
+if ARGV[15] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
+  return {'dup', task_id}
+end
 
 local function count(kind, extra)
   count_to(KEYS[8], KEYS[9], kind .. '|' .. field_base .. (extra or ''))

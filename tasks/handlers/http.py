@@ -78,7 +78,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (now if now is not None else time.time()))
 
 
-@handler("http.post", validate_options=validate_options)
+@handler("http.post", validate_options=validate_options, option_keys=("url", "headers"))
 def post(payload: dict, ctx: Any) -> dict:
     """POST the payload as JSON to options.url; 2xx succeeds, 408/425/429/5xx retry, other 4xx give up."""
     allow_list = settings.DISPATCH_WEBHOOK_ALLOWED_HOSTS

@@ -117,4 +117,5 @@ def test_control_permission_alone_is_enough(staff_viewer):
 def test_flower_auth_endpoint_for_a_reverse_proxy(admin_client, staff_viewer):
     assert Client().get("/admin/flower-auth/").status_code == 401
     assert admin_client.get("/admin/flower-auth/").status_code == 204
-    assert staff_viewer.get("/admin/flower-auth/").status_code == 204
+    # Issue 12: staff alone is not enough for Flower; the lanes.use_flower permission is.
+    assert staff_viewer.get("/admin/flower-auth/").status_code == 403
