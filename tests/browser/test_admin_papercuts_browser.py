@@ -47,7 +47,7 @@ def _busy(snapshot):
 
 
 def test_dashboard_lane_table_fits_a_1400px_page(page, live_server, operator_login, monkeypatch):
-    from lanes import metrics
+    from ops import metrics
 
     for i in range(3):
         define(unique(f"pc-type{i}"), lane=unique(f"pc-lane-with-a-long-name-{i}"))
