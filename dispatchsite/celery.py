@@ -26,6 +26,6 @@ WORKER_STEPS = (
     "lanes.worker:StackDumpStep",  # kill -USR2 dumps every thread's stack
     "lanes.worker:PausedLanesStep",  # a paused lane is not consumed at start
     "lanes.worker:HeartbeatStep",  # heartbeats; the catch-all worker adopts unheld lanes
-    "lanes.worker:MetricsSamplerStep",  # depth/throughput samples for the dashboard charts
+    "ops.worker_steps:MetricsSamplerStep",  # depth/throughput samples for the dashboard charts (ops)
 )
 app.steps["worker"].update(WORKER_STEPS)

@@ -26,19 +26,10 @@ FORBIDDEN = {
     "ops": {"dispatchsite"},
     "tools": {"dispatchsite"},
 }
-#: Files the apps branch of issue 14 moves out of ``lanes``/``tasks`` (into ``ops``
-#: and ``tools``), with the imports they still make until then. The coordinator
-#: empties this when both branches are merged.
-PENDING_MOVES = {
-    "lanes/worker.py": {"tasks.config"},  # MetricsSamplerStep -> ops
-    "lanes/metrics.py": {"tasks.models"},  # the read side -> ops
-    "lanes/management/commands/lanes.py": {"tasks.output"},  # -> ops
-}
-#: The same files and the measuring tools, whose inner imports the apps branch rewrites.
-INNER_RULE_PENDING = {
-    "lanes/views.py", "lanes/prometheus.py", "lanes/metrics.py", "lanes/admin.py",
-    "tasks/benchmark.py", "tasks/loadtest.py",
-}
+#: Exceptions to FORBIDDEN, by file: none since the ops and tools apps landed (keep it empty).
+PENDING_MOVES: dict[str, set[str]] = {}
+#: Files of lanes/tasks exempt from the inner-import rule: none (keep it empty).
+INNER_RULE_PENDING: set[str] = set()
 INNER_MARK = "# inner import:"
 
 

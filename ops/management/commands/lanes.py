@@ -1,3 +1,5 @@
+"""``manage.py lanes``: the dashboard's lane table in a terminal, and the lane controls (--close, --pause, ...)."""
+
 from __future__ import annotations
 
 import getpass
@@ -6,7 +8,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from lanes import control, metrics
+from ops import control, metrics
 from tasks.output import dumps, table
 
 
