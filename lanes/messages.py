@@ -52,7 +52,7 @@ class Envelope:
         """Parse a received envelope; raise ValueError naming the bad field."""
         if not isinstance(data, dict):
             raise ValueError("the 'dispatch' argument must be an object")
-        expected = {
+        expected: dict[str, type | tuple[type, ...]] = {
             "type": str, "lane": str, "priority": int, "attempt": int,
             "deadline": (int, float), "dispatched_at": (int, float), "chat": str, "key": str,
         }
@@ -79,7 +79,7 @@ def build_message(task_id: str, handler: str, payload_json: str, envelope: Envel
         f'{json.dumps(_EMBED, separators=(",", ":"))}]'
     kombu_priority = to_kombu(envelope.priority)
     queue = keys.lane_queue(envelope.lane, 0)
-    headers = {
+    headers: dict[str, Any] = {
         "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "eta": None,
         "expires": None, "group": None, "group_index": None, "retries": envelope.attempt - 1,
         "timelimit": [soft_limit_s + HARD_LIMIT_GRACE_S, soft_limit_s], "root_id": task_id,

@@ -50,7 +50,7 @@ LEASED_HEADER = "dispatch_leased"
 
 class QoS(kombu_redis.QoS):
     def _leased(self, delivery_tag) -> bool:
-        message = self._delivered.get(delivery_tag)
+        message = self._delivered.get(delivery_tag)  # type: ignore[attr-defined]  # kombu sets it per instance
         return message is not None and message.headers.get(LEASED_HEADER) is True
 
     def append(self, message, delivery_tag):
@@ -152,13 +152,17 @@ def _report_unreadable(exc: Exception) -> None:
             logger.error("malformed_record_failed receiver=%r", receiver, exc_info=response)
 
 
+#: The channel class above, by a name the Transport's ``Channel`` attribute does not shadow.
+LaneChannel = Channel
+
+
 class UndeliverableMessage(Exception):
     """A popped message kombu cannot turn into a Message (a field it needs is missing)."""
 
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
-    closing_channel: Channel | None = None
+    closing_channel: LaneChannel | None = None
 
     def _reject_inbound_message(self, raw_message):
         if self.channels or self.closing_channel is None:

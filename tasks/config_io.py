@@ -49,7 +49,7 @@ def _save(where: str, obj: Any) -> None:
     obj.save()
 
 
-def _fetch_and_set(model: type, entry: dict, fields: tuple[str, ...]) -> Any:
+def _fetch_and_set(model: type[Any], entry: dict, fields: tuple[str, ...]) -> Any:
     """The row named ``entry['name']`` (or a new one) with the entry's fields set on it."""
     obj = model.objects.filter(name=entry["name"]).first() or model(name=entry["name"])
     for field in fields:

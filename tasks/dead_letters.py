@@ -113,7 +113,7 @@ def requeue(row: DeadLetter, actor: str) -> str:
         locked.resolved_by = actor[:150]
         locked.save(update_fields=["status", "requeued_task_id", "resolved_at", "resolved_by"])
     logger.info("dead_letter_requeued task=%s new_task=%s by=%s", row.task_id, result.task_id, actor)
-    return result.task_id
+    return locked.requeued_task_id
 
 
 def discard(row: DeadLetter, actor: str) -> None:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, NoReturn
 
 import redis
 from billiard.exceptions import SoftTimeLimitExceeded
@@ -67,7 +67,7 @@ class HandlerTask(Task):
             leases.settle(settle[0])
 
 
-def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> None:
+def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> NoReturn:
     env = raw if isinstance(raw, dict) else {}
     _record_dead_letter(
         task_id=task.request.id or "unknown", task_type=str(env.get("type", task.name))[:100],
@@ -192,7 +192,7 @@ class _Run:
         logger.info("delivery_skipped task=%s status=%s", self.task_id, status)
         raise Ignore()
 
-    def _failed(self, tc: config.TypeConf, exc: BaseException, cause: BaseException | None = None) -> None:
+    def _failed(self, tc: config.TypeConf, exc: BaseException, cause: BaseException | None = None) -> NoReturn:
         env = self.env
         now = time.time()
         retry_after = exc.retry_after_s if isinstance(exc, RetryableError) else None
@@ -217,7 +217,7 @@ class _Run:
                                                            detail=str(exc)))
         raise Retry(str(exc) or type(exc).__name__, exc=_portable(exc), when=decision.delay_s)
 
-    def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> None:
+    def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> NoReturn:
         env = self.env
         # The task ends dead in Redis whether or not its row could be written: a row
         # that cannot be stored must not leave the task running (redelivered, run
@@ -274,14 +274,14 @@ def _record_dead_letter(**row: Any) -> None:
     except Exception as exc:  # noqa: BLE001 - the task must still end (see _die)
         first = exc
         logger.error("dead_letter_write_failed task=%s error=%r; retrying with escaped values", row["task_id"], exc)
-    exc = row.pop("exc", None)
+    original = row.pop("exc", None)
     note = (f"[dead-letter row refused as written ({type(first).__name__}: {first}); payload and metadata "
             f"kept as escaped text] ")
-    safe = {
+    safe: dict[str, Any] = {
         **{k: validation.scrub_text(v) if isinstance(v, str) else v for k, v in row.items()},
         "payload": {"unstorable_payload": validation.scrub_text(repr(row.get("payload")))[:100_000]},
         "metadata": {"unstorable_metadata": validation.scrub_text(repr(row.get("metadata")))[:10_000]},
-        "message": validation.scrub_text(note + (row.get("message") or (str(exc) if exc else ""))),
+        "message": validation.scrub_text(note + (row.get("message") or (str(original) if original else ""))),
     }
     try:
         dead_letters.record(**safe)

@@ -58,7 +58,7 @@ def call(name: str, keys: Sequence[Any], args: Sequence[Any], directory: Path | 
     ``SCRIPT FLUSH``) gets it by ``EVAL``, which loads it again.
     """
     found = script(name, directory)
-    pool = found.registered_client.connection_pool
+    pool = found.registered_client.connection_pool  # type: ignore[union-attr]  # never a cluster client here
     conn = pool.get_connection()
     try:
         conn.send_command("EVALSHA", found.sha, len(keys), *keys, *args)
