@@ -6,11 +6,7 @@
 --   past the cap the oldest log lines go and new keys are counted in '_overflow')
 --
 -- The record is the load test's own verification, not the simulated work: it
-<<<<<<<< HEAD:lanes/lua/sink_record.lua
--- goes through the same lean path as the platform's scripts (lanes.lua.loader.call),
-========
 -- goes through the same lean path as the platform's scripts (tools.sink._call_lean),
->>>>>>>> main:tools/sink_record.lua
 -- so that it weighs on the measurement as little as it can.
 
 local cap = tonumber(ARGV[4])
