@@ -5,6 +5,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from lanes import control
+from lanes.config_admin import ConfigSaveWarningMixin
 from lanes.models import Lane, LaneEvent
 
 
@@ -65,7 +66,7 @@ def _workers_column():
 
 
 @admin.register(Lane)
-class LaneAdmin(admin.ModelAdmin):
+class LaneAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     list_display = ("name", "capacity", "accepting", "description")
     list_editable = ("accepting",)
     search_fields = ("name",)
