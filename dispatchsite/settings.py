@@ -8,6 +8,7 @@ point everything at shared PostgreSQL / Redis when running on several machines.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote
 
@@ -49,8 +50,26 @@ INSTALLED_APPS = [
     "django_celery_results",
     "lanes",
     "tasks",
+    "ops",
     "api",
 ]
+
+
+def tools_installed(environ: Mapping[str, str] = os.environ) -> bool:
+    """The measuring tools (load test, benchmark, ``loadtest.sink``) are in unless the production profile.
+
+    ``DISPATCH_TOOLS=1`` / ``0`` forces them in or out either way.
+    """
+    forced = environ.get("DISPATCH_TOOLS", "").strip().lower()
+    if forced:
+        return forced in {"1", "true", "yes", "on"}
+    return environ.get("DISPATCH_PROFILE") != "production"
+
+
+#: Whether the ``tools`` app is installed (see tools_installed).
+DISPATCH_TOOLS = tools_installed()
+if DISPATCH_TOOLS:
+    INSTALLED_APPS.append("tools")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

@@ -3,7 +3,7 @@ from django.urls import path, re_path
 from django.views.generic import RedirectView
 
 from api import views as api_views
-from lanes import views as lane_views
+from ops import views as lane_views
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),

@@ -2,8 +2,8 @@
 
 - A worker that starts while one of its lanes is paused does not consume it,
   and joins the lane's paused workers so ``resume`` starts it there too.
-- A thread records depth/throughput samples for the dashboard charts every few
-  seconds (one process at a time takes a sample, through a short Redis lock).
+- (The dashboard charts' sampler is ``ops.worker_steps.MetricsSamplerStep``,
+  wired in dispatchsite/celery.py.)
 - A thread writes the worker's heartbeat every two seconds: the queues it
   consumes (and paused lanes it will resume), so every view can say which lane
   has no consumer (``lanes.consumers``). With ``DISPATCH_CATCH_ALL=1`` it also
@@ -30,7 +30,7 @@ from celery import bootsteps
 from django.conf import settings
 
 from dispatchsite.celery import app
-from lanes import consumers, keys, metrics
+from lanes import consumers, keys
 
 logger = logging.getLogger(__name__)
 
@@ -58,31 +58,6 @@ class PausedLanesStep(bootsteps.Step):
                 logger.warning("lane_paused_at_start lane=%s worker=%s", lane, worker.hostname)
         except Exception:  # fail open: a worker that cannot check consumes as asked
             logger.exception("paused_lanes_check_failed")
-
-
-class MetricsSamplerStep(bootsteps.StartStopStep):
-    """Samples every configured lane's waiting count and completed total for the charts."""
-
-    requires = {"celery.worker.components:Pool"}
-
-    def __init__(self, worker, **kwargs):
-        self.stopping = threading.Event()
-
-    def start(self, worker) -> None:
-        threading.Thread(target=self._loop, name="dispatch-metrics-sampler", daemon=True).start()
-
-    def stop(self, worker) -> None:
-        self.stopping.set()
-
-    def _loop(self) -> None:
-        from lanes.redis_client import get_redis
-        from tasks import config
-
-        while not self.stopping.wait(metrics.SAMPLE_INTERVAL_S):
-            try:
-                metrics.maybe_sample(get_redis(), list(config.refresh_if_changed().lanes))
-            except Exception:  # a missed sample is a gap in a chart, never a worker failure
-                logger.warning("metrics_sample_failed", exc_info=True)
 
 
 class HeartbeatStep(bootsteps.StartStopStep):
@@ -188,5 +163,4 @@ def _safely(call, lane: str) -> None:
 
 app.steps["worker"].add(StackDumpStep)
 app.steps["worker"].add(PausedLanesStep)
-app.steps["worker"].add(MetricsSamplerStep)
 app.steps["worker"].add(HeartbeatStep)

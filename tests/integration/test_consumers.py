@@ -13,8 +13,9 @@ import time
 from django.core.management import call_command
 from django.urls import reverse
 
-from lanes import consumers, control, keys
+from lanes import consumers, keys
 from lanes.signals import bump_config_version
+from ops import control
 from tasks.dispatch import dispatch
 from tests.integration.test_metrics import scrape, value
 from tests.support.helpers import define, unique, wait_until

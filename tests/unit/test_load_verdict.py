@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.loadcheck import (
+from tools.loadcheck import (
     Applied,
     StepLoad,
     completed_between,

@@ -15,8 +15,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from lanes import charts, control, metrics
 from lanes.models import Lane, LaneEvent
+from ops import charts, control, metrics
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
                                 status=401, content_type=TEXT)
         response["WWW-Authenticate"] = 'Bearer realm="dispatch metrics"'
         return response
-    from lanes.prometheus import registry
+    from ops.prometheus import registry
 
     return HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)
 

@@ -1,3 +1,5 @@
+"""``manage.py lanes``: the dashboard's lane table in a terminal, and the lane controls (--close, --pause, ...)."""
+
 from __future__ import annotations
 
 import sys
@@ -5,7 +7,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from lanes import control, metrics
+from ops import control, metrics
 from tasks.output import dumps, table
 from tasks.shell_actor import shell_actor
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from html import escape
 
-from lanes.metrics import SAMPLE_INTERVAL_S
+from ops.metrics import SAMPLE_INTERVAL_S
 
 WAITING_COLOUR = "#2f6fb0"
 THROUGHPUT_COLOUR = "#2e9b4f"

@@ -1,6 +1,6 @@
-"""Benchmark-only tasks: the same work for plain Celery and for the platform.
+"""Benchmark-only tasks (``bench.celery_work``, ``bench.work``): the same work for plain Celery and the platform.
 
-Imported by the benchmark's workers (``celery ... worker -I tasks.bench_tasks``)
+Imported by the benchmark's workers (``celery ... worker -I tools.bench_tasks``)
 and by its producer; not part of the platform's runtime. ``payload["ms"]``
 milliseconds of sleep stand in for outbound I/O; 0 is a no-op.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from dispatchsite.celery import app
+from celery import shared_task
+
 from tasks.registry import handler
 
 CELERY_QUEUE = "bench-celery"
@@ -22,7 +23,7 @@ def work(payload: dict) -> None:
         time.sleep(ms / 1000)
 
 
-@app.task(name="bench.celery_work", queue=CELERY_QUEUE, acks_late=True, ignore_result=True, typing=False)
+@shared_task(name="bench.celery_work", queue=CELERY_QUEUE, acks_late=True, ignore_result=True, typing=False)
 def celery_work(payload: dict) -> None:
     """A bare Celery task: acks_late, prefetch 1 (the app's setting), no result stored."""
     work(payload)

@@ -1,12 +1,14 @@
+"""The admin pages of Lane and LaneEvent: the lane list with its workers column and the lane-control actions."""
+
 from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
-from lanes import control
 from lanes.config_admin import ConfigSaveWarningMixin
 from lanes.models import Lane, LaneEvent
+from ops import control
 
 
 def _control_action(action: str, description: str):
@@ -15,7 +17,7 @@ def _control_action(action: str, description: str):
     def run(modeladmin: LaneAdmin, request, queryset):
         lanes = list(queryset)
         if request.POST.get("confirm") != "yes":
-            from lanes.views import CONFIRM_TEXT
+            from ops.views import CONFIRM_TEXT
 
             context = {
                 **modeladmin.admin_site.each_context(request),

@@ -1,7 +1,7 @@
 """Opt-in instrumentation for load tests and benchmarks: Redis round trips and SQL statements, per process.
 
 Not part of the hot path unless asked for: a worker loads it with
-``celery -A dispatchsite worker ... -I tasks.probe`` and ``DISPATCH_PROBE_DIR``
+``celery -A dispatchsite worker ... -I tools.probe`` and ``DISPATCH_PROBE_DIR``
 set to a directory. Every process then counts
 
 - Redis round trips: each request written to a Redis socket (a pipeline or a

@@ -1,6 +1,6 @@
 """Benchmark-only Dramatiq actor (an outside reference; ``pip install -r requirements-bench.txt``).
 
-Run by ``dramatiq tasks.bench_dramatiq -p P -t T -Q bench-dramatiq`` with
+Run by ``dramatiq tools.bench_dramatiq -p P -t T -Q bench-dramatiq`` with
 ``REDIS_URL`` in the environment. Imports neither Django nor Celery.
 """
 
@@ -13,7 +13,7 @@ import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
 if os.environ.get("DISPATCH_PROBE_DIR"):
-    from tasks import probe  # noqa: F401 - counts this worker's Redis round trips like the others'
+    from tools import probe  # noqa: F401 - counts this worker's Redis round trips like the others'
 
 QUEUE = "bench-dramatiq"
 broker = RedisBroker(url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))

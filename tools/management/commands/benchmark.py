@@ -1,4 +1,4 @@
-"""``manage.py benchmark``: the platform side by side with plain Celery and Dramatiq (see tasks/benchmark.py)."""
+"""``manage.py benchmark``: the platform side by side with plain Celery and Dramatiq (see tools/benchmark.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks import benchmark
 from tasks.output import dumps, table
+from tools import benchmark
 
 
 class Command(BaseCommand):

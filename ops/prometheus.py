@@ -14,8 +14,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from lanes import consumers as lane_consumers
-from lanes import metrics
-from lanes.metrics import Counters, LaneGauges
+from lanes.metrics import DEAD_LETTER_WRITE_FAILURES
+from ops import metrics
+from ops.metrics import Counters, LaneGauges
 
 #: Field kinds that are per (lane, type) task counts -> the ``outcome`` label.
 OUTCOMES = ("dispatched", "rejected", "started", "succeeded", "retried", "dead")
@@ -58,7 +59,7 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
             retries.add_metric(list(key[1:]), value)
         elif kind == "completed" and len(key) == 2:
             completed.add_metric([key[1]], value)
-        elif kind == metrics.DEAD_LETTER_WRITE_FAILURES and len(key) == 3:
+        elif kind == DEAD_LETTER_WRITE_FAILURES and len(key) == 3:
             unwritten.add_metric(list(key[1:]), value)
         elif kind in ("qlat", "xlat") and len(key) == 4:
             hist_counts.setdefault((kind, key[1], key[2]), {})[key[3]] = value

@@ -1,4 +1,4 @@
-"""``manage.py loadtest``: the verified stepped load test (see tasks/loadtest.py)."""
+"""``manage.py loadtest``: the verified stepped load test (see tools/loadtest.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks import loadtest
 from tasks.output import HelpFormatter, dumps, table
+from tools import loadtest
 
 _DEFAULTS = loadtest.LoadTestOptions()
 
@@ -58,7 +58,7 @@ class Command(BaseCommand):
         parser.add_argument("--drop-every", type=int, default=0,
                             help="make the sink drop 1 in N applied messages (proves the checker fails)")
         parser.add_argument("--keep-going", action="store_true", help="run later steps after a failed one")
-        parser.add_argument("--probe-dir", help="directory where workers started with -I tasks.probe write counts")
+        parser.add_argument("--probe-dir", help="directory where workers started with -I tools.probe write counts")
         parser.add_argument("--seed", type=int)
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--plot", metavar="FILE.png", help="write a PNG plot of the steps")

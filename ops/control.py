@@ -1,4 +1,4 @@
-"""Lane controls shared by the admin, the dashboard and ``manage.py lanes``.
+"""Lane controls (close, open, pause, resume, drain) for the admin, the dashboard and ``manage.py lanes``.
 
 - close / open: the Lane's ``accepting`` flag; saving it bumps the config
   version, so the next dispatch anywhere answers ``lane_closed``.
@@ -16,11 +16,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from celery import Celery, current_app
 from django.conf import settings
 
-from lanes import keys, metrics
+from lanes import keys
 from lanes.models import Lane, LaneEvent
 from lanes.redis_client import get_redis
+from ops import metrics
 
 ACTIONS = ("close", "open", "pause", "resume", "drain")
 #: Seconds to wait for workers' replies to a remote-control broadcast.
@@ -71,10 +73,9 @@ def open_lane(name: str, actor: str) -> Outcome:
     return set_accepting(name, True, actor)
 
 
-def _app():
-    from dispatchsite.celery import app
-
-    return app
+def _app() -> Celery:
+    """The platform's Celery app, without importing the project module (ops sits below dispatchsite)."""
+    return current_app._get_current_object()
 
 
 def consuming_workers(lane: str, timeout: float = CONTROL_TIMEOUT_S) -> list[str]:

@@ -8,12 +8,12 @@ shows up as latency instead of being hidden by a generator that waits for it
 (coordinated omission). Each chat's messages are sent by one sender thread in
 order, carrying a per-chat sequence number and a unique idempotency key.
 
-The sink handler (``tasks/handlers/sink.py``) records every applied message in
+The sink handler (``tools/sink.py``) records every applied message in
 Redis. After the step the test waits for the step's tasks to reach a terminal
-state, reads the record back and checks it with ``tasks.loadcheck``: lost,
+state, reads the record back and checks it with ``tools.loadcheck``: lost,
 duplicated and out-of-order effects, and dead letters. It also measures what
 each task cost: Redis commands (``INFO commandstats`` deltas), Redis round
-trips and SQL statements when the workers run with ``tasks.probe``
+trips and SQL statements when the workers run with ``tools.probe``
 (``--probe-dir``), and result rows written.
 """
 
@@ -32,10 +32,10 @@ from typing import Any
 
 from lanes import keys
 from lanes.redis_client import get_redis
-from tasks import config, probe
+from tasks import config
 from tasks.dispatch import admit
-from tasks.handlers.sink import applied_key, log_key
-from tasks.loadcheck import (
+from tools import probe
+from tools.loadcheck import (
     Sent,
     StepLoad,
     check,
@@ -48,6 +48,7 @@ from tasks.loadcheck import (
     step_verdict,
     sustained,
 )
+from tools.sink import applied_key, log_key
 
 #: Commands the sink itself runs per applied message (HINCRBY, RPUSH, 2 x EXPIRE): the workload, not the platform.
 SINK_COMMANDS_PER_TASK = 4

@@ -6,7 +6,7 @@
 --   past the cap the oldest log lines go and new keys are counted in '_overflow')
 --
 -- The record is the load test's own verification, not the simulated work: it
--- goes through the same lean path as the platform's scripts (lanes.scripts.call),
+-- goes through the same lean path as the platform's scripts (tools.sink._call_lean),
 -- so that it weighs on the measurement as little as it can.
 
 local cap = tonumber(ARGV[4])

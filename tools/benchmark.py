@@ -15,7 +15,7 @@ workload and round runs each system in turn (A B C D, then D C B A, ...):
 Each measurement also records CPU per task of the producer, the worker main
 processes, their pool children and Redis (from /proc), Redis commands per task
 (``INFO commandstats``), and Redis round trips and SQL statements per task
-(``tasks.probe`` loaded in every worker). The producer runs in its own process
+(``tools.probe`` loaded in every worker). The producer runs in its own process
 (``manage.py benchmark --role produce``) with the benchmark's environment.
 """
 
@@ -301,7 +301,7 @@ class Bench:
             n_procs, threads = _dramatiq_shape(self.o.instances, pool, conc)
             log = logs / f"dramatiq-{workload}.log"
             offset = log.stat().st_size if log.exists() else 0
-            procs.append(_Proc([str(BIN / "dramatiq"), "tasks.bench_dramatiq", "-p", str(n_procs), "-t",
+            procs.append(_Proc([str(BIN / "dramatiq"), "tools.bench_dramatiq", "-p", str(n_procs), "-t",
                                 str(threads), "-Q", "bench-dramatiq"], env, log))
             self._wait(lambda: _count_in(log, offset, b"ready for action") >= n_procs, procs, "dramatiq")
             return procs
@@ -310,7 +310,7 @@ class Bench:
             procs.append(_Proc(
                 [str(BIN / "celery"), "-A", "dispatchsite", "worker", "-Q", queue, "-n", f"bench{i}-{system}@%h",
                  "-P", pool, "-c", str(conc), "-l", "WARNING", "--without-gossip", "--without-mingle",
-                 "--without-heartbeat", "-I", "tasks.bench_tasks,tasks.probe"],
+                 "--without-heartbeat", "-I", "tools.bench_tasks,tools.probe"],
                 env, logs / f"celery-{system}-{workload}-{i}.log"))
         pids = {p.pid for p in procs}
         self._wait(lambda: pids <= {int(f.name.split("-")[1]) for f in probe_dir.glob("ready-*")}, procs, system)
@@ -506,7 +506,7 @@ def table_rows(report: BenchReport) -> list[dict[str, Any]]:
 # -- the producer (runs in its own process, in the benchmark's environment) ----
 def setup_config() -> None:
     """Create the benchmark's lanes and types in the scratch database (``--role setup``)."""
-    import tasks.bench_tasks  # noqa: F401 - registers bench.work
+    import tools.bench_tasks  # noqa: F401 - registers bench.work
     from tasks.config_io import apply_config
 
     apply_config(BENCH_CONFIG)
@@ -516,7 +516,7 @@ def produce(spec: dict) -> dict[str, Any]:
     """Publish (and, end to end, wait for the drain); returns the Measurement fields."""
     from lanes import keys
     from lanes.redis_client import get_redis
-    from tasks import probe
+    from tools import probe
 
     probe.install()
     system, mode, n, warmup = spec["system"], spec["mode"], int(spec["n"]), int(spec["warmup"])
@@ -581,13 +581,13 @@ def produce(spec: dict) -> dict[str, Any]:
 def _sender(system: str, chats: int, ms: float) -> Callable[[int], int]:
     """A function publishing message ``i``; returns 1 when the platform rejected it."""
     if system == "celery":
-        from tasks.bench_tasks import celery_work
+        from tools.bench_tasks import celery_work
 
         def send(i: int) -> int:
             celery_work.delay({"n": i, "ms": ms})
             return 0
     elif system == "dramatiq":
-        from tasks.bench_dramatiq import dramatiq_work
+        from tools.bench_dramatiq import dramatiq_work
 
         def send(i: int) -> int:
             dramatiq_work.send({"n": i, "ms": ms})
