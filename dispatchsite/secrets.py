@@ -37,7 +37,9 @@ def load_secrets(path: Path) -> dict[str, str]:
         return data
     data = {**_generate(), **{k: v for k, v in data.items() if v}}
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)  # a stale one (a crashed run with this pid) may have another mode
+    # O_EXCL: a fresh file, 0600 from its creation (O_TRUNC on an existing file would keep its mode).
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=2)
     try:

@@ -8,11 +8,14 @@ point everything at shared PostgreSQL / Redis when running on several machines.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import quote
 
 import dj_database_url
+from csp.constants import NONE, SELF
 
+from dispatchsite.runtime import read_runtime, runtime_path, setting
 from dispatchsite.secrets import load_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -41,13 +44,36 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # django-ninja's own templates and static files: the API docs page then loads
+    # Swagger UI from this site, not a CDN with an inline script (the CSP allows neither).
+    "ninja",
     "django_celery_results",
     "lanes",
     "tasks",
+    "ops",
+    "api",
 ]
+
+
+def tools_installed(environ: Mapping[str, str] = os.environ) -> bool:
+    """The measuring tools (load test, benchmark, ``loadtest.sink``) are in unless the production profile.
+
+    ``DISPATCH_TOOLS=1`` / ``0`` forces them in or out either way.
+    """
+    forced = environ.get("DISPATCH_TOOLS", "").strip().lower()
+    if forced:
+        return forced in {"1", "true", "yes", "on"}
+    return environ.get("DISPATCH_PROFILE") != "production"
+
+
+#: Whether the ``tools`` app is installed (see tools_installed).
+DISPATCH_TOOLS = tools_installed()
+if DISPATCH_TOOLS:
+    INSTALLED_APPS.append("tools")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -56,6 +82,28 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+# Content-Security-Policy on every response (django-csp 4 format): scripts and
+# styles only from our own static files, so a tag that slipped into a page
+# (issue 12's reflected XSS) cannot run. The admin and the dashboard keep no
+# inline script or style; tests/browser fails on any reported violation.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "font-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+    },
+}
+#: ``X-Content-Type-Options: nosniff`` on every response (SecurityMiddleware; Django's default, kept explicit).
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "dispatchsite.urls"
 WSGI_APPLICATION = "dispatchsite.wsgi.application"
@@ -119,9 +167,18 @@ if os.environ.get("DISPATCH_PROFILE") == "production":
     SECURE_HSTS_PRELOAD = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
+# --- Where the running platform is ------------------------------------------
+# The environment wins; else what a running `make run` recorded (dispatchsite.runtime); else the defaults.
+RUNTIME_FILE = runtime_path(BASE_DIR)
+RUNTIME = read_runtime(RUNTIME_FILE)
+WEB_PORT = int(setting("WEB_PORT", "8000", RUNTIME))
+FLOWER_PORT = int(setting("FLOWER_PORT", "5555", RUNTIME))
+#: Where links for people (a dead letter's failure text) point to the admin.
+DISPATCH_ADMIN_URL = os.environ.get("DISPATCH_ADMIN_URL") or f"http://127.0.0.1:{WEB_PORT}/admin/"
+
 # --- Redis and Celery -------------------------------------------------------
-REDIS_PORT = int(os.environ.get("REDIS_PORT", "6380"))
-REDIS_URL = os.environ.get("REDIS_URL") or (
+REDIS_PORT = int(setting("REDIS_PORT", "6380", RUNTIME))
+REDIS_URL = setting("REDIS_URL", "", RUNTIME) or (
     f"redis://:{quote(GENERATED['redis_password'], safe='')}@127.0.0.1:{REDIS_PORT}/0"
 )
 
@@ -146,12 +203,17 @@ DISPATCH_PROMOTE_INTERVAL_S = float(os.environ.get("DISPATCH_PROMOTE_INTERVAL_S"
 DISPATCH_IDEMPOTENCY_WINDOW_S = int(os.environ.get("DISPATCH_IDEMPOTENCY_WINDOW_S", "86400"))
 #: Days resolved dead letters are kept before the purge removes them.
 DISPATCH_DEADLETTER_RETENTION_DAYS = int(os.environ.get("DISPATCH_DEADLETTER_RETENTION_DAYS", "30"))
-DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1,localhost")
+#: Where ``http.post`` may connect: ``host`` (default port only), ``host:port`` or ``host:*``
+#: (tasks/webhook_url.py). Loopback on any port by default, for the local demo.
+DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1:*,localhost:*")
 DISPATCH_METRICS_TOKEN = os.environ.get("DISPATCH_METRICS_TOKEN") or GENERATED["metrics_token"]
-FLOWER_URL = os.environ.get("FLOWER_URL", f"http://127.0.0.1:{os.environ.get('FLOWER_PORT', '5555')}/")
+FLOWER_URL = os.environ.get("FLOWER_URL") or f"http://127.0.0.1:{FLOWER_PORT}/"
 #: Modules imported at startup by every process (web, workers, commands) so the
 #: lifecycle-signal receivers they connect run where the events happen.
 DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
+#: A worker started with DISPATCH_CATCH_ALL=1 also consumes every lane that no
+#: other live worker consumes, lanes created at run time included (lanes.worker).
+DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")
 
 CELERY_BROKER_URL = REDIS_URL
 # django-celery-results' table, written with one upsert per task (tasks.results).
@@ -194,8 +256,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
 CELERY_BROKER_POOL_LIMIT = 32
 CELERY_WORKER_CONSUMER = "tasks.worker_consumer:Consumer"
 CELERY_BROKER_TRANSPORT = "lanes.transport:Transport"
+# Upkeep (promote retries, expire waiting tasks, sweep leases) runs in a thread of
+# every worker and of beat (tasks.maintenance), not as a beat task: a message every
+# two seconds flooded Flower's task list and the log.
 CELERY_BEAT_SCHEDULE = {
-    "maintenance": {"task": "tasks.maintenance", "schedule": 2.0},
     "purge-dead-letters": {"task": "tasks.purge_dead_letters", "schedule": 3600.0},
 }
 
@@ -207,3 +271,11 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# --- HTTP API (api/) ----------------------------------------------------------
+#: Requests per second a new service token may make (each token's own limit is in the admin).
+DISPATCH_API_RATE_PER_S = int(os.environ.get("DISPATCH_API_RATE_PER_S", "100"))
+#: Largest request body the API reads, in bytes (a bigger one is refused with 413).
+DISPATCH_API_MAX_BODY_BYTES = int(os.environ.get("DISPATCH_API_MAX_BODY_BYTES", str(2 * 1024 * 1024)))
+#: Serve the interactive API docs at /api/v1/docs (staff only).
+DISPATCH_API_DOCS = env_bool("DISPATCH_API_DOCS", True)

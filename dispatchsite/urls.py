@@ -1,8 +1,9 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import path, re_path
 from django.views.generic import RedirectView
 
-from lanes import views as lane_views
+from api import views as api_views
+from ops import views as lane_views
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
@@ -15,6 +16,9 @@ urlpatterns = [
     # For a reverse proxy in front of Flower (nginx auth_request): 204 for staff, 401 otherwise.
     path("admin/flower-auth/", lane_views.flower_auth, name="dispatch-flower-auth"),
     path("admin/", admin.site.urls),
+    # The HTTP API for services that do not import this project (api/); JSON 404 for any other /api/ path.
+    path("api/v1/", api_views.api.urls),
+    re_path(r"^api/", api_views.not_found, name="api-not-found"),
 ]
 
 admin.site.site_header = "Dispatch administration"

@@ -113,3 +113,34 @@ def paused_workers(lane: str) -> str:
 def metrics_samples(lane: str) -> str:
     """Sorted set of (time, waiting, completed-total) samples of a lane, for the dashboard charts."""
     return f"{PREFIX}m:samples:{lane}"
+
+
+# --- deadlines of waiting tasks (tasks.maintenance, expire.lua) -----------------
+
+#: Sorted set of waiting task records scored by their deadline (epoch ms): written
+#: at admission and on retry, removed when a worker claims or finishes the task.
+DEADLINES = PREFIX + "deadlines"
+#: Sorted set of records expired while waiting whose dead-letter and result rows
+#: are not yet confirmed written, scored by when to hand them out again (epoch ms).
+EXPIRED_PENDING = PREFIX + "expired-pending"
+#: Hash of the maintenance loop's own counters (runs, last run, promoted, swept, expired).
+MAINTENANCE_STATS = PREFIX + "m:maintenance"
+
+
+# --- worker heartbeats (which lanes have a live consumer) ----------------------
+
+#: Sorted set of live workers: hostname -> heartbeat expiry (ms since the epoch).
+WORKERS = PREFIX + "workers"
+
+
+def worker_heartbeat(hostname: str) -> str:
+    """A worker's last heartbeat (JSON: queues, pid, host, started), expiring unless renewed."""
+    return f"{PREFIX}worker:{hostname}"
+
+
+def lane_consumers(lane: str) -> str:
+    """Sorted set of the workers holding ``lane``: hostname -> heartbeat expiry (ms since the epoch).
+
+    Read by admission (one ZCOUNT in admit.lua) and by every operator view.
+    """
+    return f"{PREFIX}lanes:consumers:{lane}"

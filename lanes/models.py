@@ -53,7 +53,11 @@ class Lane(models.Model):
 
     class Meta:
         ordering = ["name"]
-        permissions = [("control_lane", "Can close, open, pause, resume and drain lanes")]
+        permissions = [
+            ("control_lane", "Can close, open, pause, resume and drain lanes"),
+            # Flower shuts workers down, revokes tasks and shows every payload: more than staff.
+            ("use_flower", "Can use Flower (control workers, revoke tasks, read payloads)"),
+        ]
 
     def __str__(self) -> str:
         return self.name

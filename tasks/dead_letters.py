@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import traceback as tb
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -55,9 +56,41 @@ class RequeueError(Exception):
     """The dead letter cannot be requeued; the message says why."""
 
 
+#: Namespace of the task ids requeues derive from their dead letter (uuid5).
+REQUEUE_NAMESPACE = uuid.UUID("7d1c8a52-58f5-4d0e-9a51-6f0b1c2de0a7")
+
+
+def requeue_task_id(row: DeadLetter) -> str:
+    """The id of the task a requeue of ``row`` makes: the same for every attempt at requeuing that row.
+
+    A requeue whose outcome was lost (Redis timed out after admitting, or the
+    row's update failed to commit) leaves the row ``dead``; the next click
+    derives the same id, and admission answers with the task already stored
+    instead of making a second one. A row is requeued at most once (its status
+    then changes), so the dead letter's own task id is the whole key.
+    """
+    return str(uuid.uuid5(REQUEUE_NAMESPACE, f"requeue:{row.task_id}"))
+
+
+def _already_finished(task_id: str) -> bool:
+    """Whether the task ``task_id`` ran to an end: its result row or its own dead letter is stored.
+
+    Its Redis record is removed only after its result row is stored (forget.lua),
+    so a task of that id is either still in Redis (admission sees it) or found here.
+    """
+    from django_celery_results.models import TaskResult
+
+    return (TaskResult.objects.filter(task_id=task_id).exists()
+            or DeadLetter.objects.filter(task_id=task_id).exists())
+
+
 def requeue(row: DeadLetter, actor: str) -> str:
-    """Dispatch a fresh task from ``row`` (new deadline), link it and mark the row requeued."""
-    from tasks.dispatch import admit
+    """Dispatch a fresh task from ``row`` (new deadline), link it and mark the row requeued.
+
+    Idempotent per row: repeating a requeue whose outcome was lost links the
+    task the first attempt made (see :func:`requeue_task_id`), never a second.
+    """
+    from tasks.dispatch import DispatchResult, admit
 
     with transaction.atomic():
         locked = DeadLetter.objects.select_for_update().get(pk=row.pk)
@@ -65,11 +98,15 @@ def requeue(row: DeadLetter, actor: str) -> str:
             raise RequeueError(f"dead letter {locked.task_id} is already {locked.status}")
         if not isinstance(locked.payload, dict):
             raise RequeueError(f"dead letter {locked.task_id} has no valid payload to requeue")
-        result = admit(
-            locked.task_type, locked.payload, chat_id=locked.chat_id or None, priority=locked.priority,
-            idempotency_key=locked.idempotency_key or None, metadata=locked.metadata or None,
-            _replace_idempotency=True,
-        )
+        new_id = requeue_task_id(locked)
+        if _already_finished(new_id):
+            result = DispatchResult(True, new_id, locked.lane, locked.priority, duplicate=True)
+        else:
+            result = admit(
+                locked.task_type, locked.payload, chat_id=locked.chat_id or None, priority=locked.priority,
+                idempotency_key=locked.idempotency_key or None, metadata=locked.metadata or None,
+                _replace_idempotency=True, _task_id=new_id,
+            )
         if not result.accepted:
             raise RequeueError(f"dispatch refused the requeue of {locked.task_id}: {result.reason} ({result.detail})")
         locked.status = DeadLetter.Status.REQUEUED

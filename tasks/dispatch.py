@@ -23,8 +23,10 @@ from django.conf import settings
 
 from dispatchsite.celery import app
 from lanes import keys, scripts
+from lanes.consumers import no_consumer_detail
 from lanes.priorities import to_kombu
 from tasks import config, hooks
+from tasks.estimate import estimate_delay
 from tasks.messages import Envelope, build_message
 from tasks.validation import Invalid, check_dispatch, shown
 
@@ -80,13 +82,18 @@ def admit(
     timeout: float | None = None,
     metadata: dict | None = None,
     _replace_idempotency: bool = False,
+    _task_id: str | None = None,
 ) -> DispatchResult:
-    """Validate, admit and publish one task; see the module docstring."""
+    """Validate, admit and publish one task; see the module docstring.
+
+    ``_task_id`` (a dead letter's requeue) fixes the new task's id: with
+    ``_replace_idempotency`` a task of that id already stored answers ``dup``.
+    """
     try:
         snap = config.current()
     except redis.RedisError as exc:
         return _unavailable(exc, None)
-    task_id = str(uuid.uuid4())
+    task_id = _task_id or str(uuid.uuid4())
     confirmed = False
     for _ in range(4):
         tc = snap.types.get(task_type) if isinstance(task_type, str) else None
@@ -137,6 +144,7 @@ def admit(
                     keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(tc.lane),
                     keys.metrics_minute(minute - 1),
                     keys.legacy_idempotency(tc.name, checked.idempotency_key) if checked.idempotency_key else record,
+                    keys.DEADLINES, keys.PAUSED_LANES, keys.lane_consumers(tc.lane),
                 ],
                 [
                     snap.version, int(now * 1000), task_id, message, kombu_priority,
@@ -144,7 +152,7 @@ def admit(
                     lane.capacity if lane else 0, chat, tc.chat_queue_size,
                     payload_digest(checked.payload_json) if checked.idempotency_key else "",
                     tc.idempotency_window_s, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-                    tc.lane, tc.name, "1" if _replace_idempotency else "0",
+                    tc.lane, tc.name, "1" if _replace_idempotency else "0", int(envelope.deadline * 1000),
                 ],
             )
         except redis.RedisError as exc:
@@ -196,13 +204,16 @@ def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, chec
             "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
         }.get(reason, reason)
         return _rejected(tc.name, tc.lane, reason, detail)
-    position, depth = int(reply[1]), int(reply[2])
-    this_minute, last_minute = int(reply[3]), int(reply[4])
-    elapsed = 60 + now % 60
-    rate = (this_minute + last_minute) / elapsed
-    waiting = depth + (position - 1 if tc.chat_scoped else 0)
-    estimated = round(waiting / rate, 3) if rate > 0 else None
-    result = DispatchResult(True, task_id, tc.lane, checked.priority, position, estimated_delay=estimated)
+    position = int(reply[1])
+    estimated, why = estimate_delay(
+        lane=tc.lane, ahead_in_lane=int(reply[5]), ahead_in_chat=position - 1 if tc.chat_scoped else 0,
+        completed=int(reply[3]) + int(reply[4]), busy_s=float(reply[6]) + float(reply[7]),
+        window_s=60 + now % 60, paused=int(reply[8]) == 1, consumers=int(reply[9]),
+    )
+    if int(reply[9]) == 0 and int(reply[8]) != 1:
+        why = no_consumer_detail(tc.lane)
+    result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
+                            estimated_delay=estimated)
     hooks.emit_queued(task_id, tc, checked.chat_id if tc.chat_scoped else "", now)
     return result
 

@@ -31,8 +31,10 @@ class DeadLettered(DispatchError):
         self.reason = reason
 
     @classmethod
-    def because(cls, reason: str, detail: str = "") -> DeadLettered:
-        return cls(f"dead letter ({reason}): {detail}" if detail else f"dead letter ({reason})", reason)
+    def because(cls, reason: str, detail: str = "", *, task_type: str = "", admin_url: str = "") -> DeadLettered:
+        """The failure Celery stores and Flower shows: type, reason, detail and where to act on it."""
+        text = f"dead letter ({reason})" + (f" of {task_type}" if task_type else "") + (f": {detail}" if detail else "")
+        return cls(f"{text} - see {admin_url}" if admin_url else text, reason)
 
 
 class ConfigError(DispatchError):

@@ -34,6 +34,7 @@ from lanes.histogram import bucket_label
 from lanes.redis_client import get_redis
 from tasks import config, dead_letters, hooks, leases, validation
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
+from tasks.links import dead_letter_admin_url
 from tasks.messages import Envelope, build_message
 from tasks.retry import decide_retry
 from tasks.validation import encode_json
@@ -99,7 +100,8 @@ def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> None:
         lane=str(env.get("lane", ""))[:64], reason="malformed", payload=payload if isinstance(payload, dict) else None,
         message=f"malformed message: {detail}", attempts=0,
     )
-    raise DeadLettered.because("malformed", detail)
+    raise DeadLettered.because("malformed", detail, task_type=str(env.get("type", task.name))[:100],
+                               admin_url=dead_letter_admin_url(task.request.id or "unknown"))
 
 
 def execute(task: Task, args: tuple, kwargs: dict) -> Any:
@@ -191,7 +193,8 @@ class _Run:
             reply = scripts.call(
                 "start",
                 [self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
-                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id)],
+                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id),
+                 keys.DEADLINES],
                 [self.task_id, env.attempt, owner, int(now * 1000),
                  int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
                  self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
@@ -231,7 +234,8 @@ class _Run:
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
         reply = _until_answered(lambda: scripts.call(
             "retry",
-            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now)],
+            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now),
+             keys.DEADLINES],
             [next_env.attempt, message, int((now + decision.delay_s) * 1000),
              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field, self.owner],
         ), "retry", self.task_id)
@@ -254,10 +258,12 @@ class _Run:
             chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
             attempts=env.attempt, dispatched_at=env.dispatched_at, exc=exc, message=detail,
         )
-        self._finish("dead", json.dumps(str(DeadLettered.because(reason, detail))), reason)
+        failure = DeadLettered.because(reason, detail, task_type=env.type,
+                                       admin_url=dead_letter_admin_url(self.task_id))
+        self._finish("dead", json.dumps(str(failure)), reason)
         died_at = time.time()
         hooks.emit(hooks.task_finished, lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
-        raise DeadLettered.because(reason, detail)
+        raise failure
 
     def _finish(self, outcome: str, result_json: str, reason: str) -> None:
         env = self.env
@@ -266,7 +272,8 @@ class _Run:
         reply = _until_answered(lambda: scripts.call(
             "finish",
             [self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
-             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id)],
+             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id),
+             keys.DEADLINES],
             [self.task_id, outcome, _bounded(result_json), int(now * 1000), _tombstone_ttl_s(),
              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
              keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,

@@ -1,23 +1,33 @@
-"""Background upkeep: move due retries onto lanes, recover expired leases, purge old rows.
+"""Background upkeep: move due retries onto lanes, expire waiting tasks past their
+deadline, recover expired leases, purge old rows.
 
-Each worker runs it in a thread (retries are promoted within a fraction of a
-second); beat also runs it as a Celery task, so it happens even while no worker
-of a lane is up. Every step is one idempotent Lua call, safe to run anywhere.
+Each worker runs it in a thread, whatever lanes it consumes (every step covers
+all lanes): retries are promoted and deadlines enforced within a fraction of a
+second. Beat runs the same loop in a thread of its own, so upkeep goes on while
+no worker is up, without sending a task message: a message every two seconds
+flooded Flower's task list (pushing real tasks out of its history) and the log.
+The loop is observable through its own counters instead (``lanes.metrics``,
+``/metrics``). Every step is one idempotent Lua call, safe to run anywhere and
+in many processes at once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
+from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, signals, states
 from django.conf import settings
 
 from dispatchsite.celery import app
-from lanes import keys
+from lanes import keys, metrics
+from lanes.redis_client import get_redis
 from lanes.scripts import script
-from tasks import config
+from tasks import config, hooks
+from tasks.errors import DeadLettered
 
 logger = logging.getLogger(__name__)
 BATCH = 500
@@ -41,7 +51,7 @@ def promote_due(lanes: list[str] | None = None) -> int:
 def sweep() -> tuple[int, int]:
     """Republish tasks whose lease expired; returns (republished, forgotten)."""
     republished, forgotten, _waiting = script("sweep")(
-        keys=[keys.LEASES],
+        keys=[keys.LEASES, keys.DEADLINES],
         args=[int(time.time() * 1000), BATCH, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
               keys.lane_delayed(""), BROKER_UNACKED_KEY, SWEEP_SEARCH_DEPTH],
     )
@@ -62,9 +72,84 @@ def audit_chats(batch: int = 200) -> list[int]:
     return result
 
 
+#: What an expired waiting task's result says (``DispatchResult.get()`` raises it as DeadLettered).
+EXPIRED_DETAIL = "deadline passed while the task waited: no worker started it in time"
+#: Seconds before rows a maintenance run took but did not confirm are written again by any run.
+EXPIRED_ROWS_RETRY_S = 30.0
+
+
+def expire_due(batch: int = BATCH) -> int:
+    """Turn waiting tasks whose deadline passed into ``expired`` dead letters; returns how many.
+
+    The order that keeps this safe when the process dies midway is in
+    expire.lua's header: Redis first (atomic, the record kept as pending), the
+    rows next (idempotent), then the records are settled.
+    """
+    from tasks.execution import _tombstone_ttl_s
+
+    error = DeadLettered.because("expired", EXPIRED_DETAIL)
+    reply = script("expire")(
+        keys=[keys.DEADLINES, keys.EXPIRED_PENDING, keys.LEASES, keys.chat_index(), keys.METRICS_TOTAL,
+              keys.metrics_minute(int(time.time() // 60))],
+        args=[int(time.time() * 1000), batch, json.dumps(str(error)), _tombstone_ttl_s(),
+              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), keys.PREFIX + "chat:", keys.lane_chat_waiting(""),
+              keys.lane_delayed(""), keys.tombstone(""), int(EXPIRED_ROWS_RETRY_S * 1000), SWEEP_SEARCH_DEPTH],
+    )
+    written = []
+    for record, msg in zip(reply[::2], reply[1::2], strict=True):
+        try:
+            _write_expired_rows(record.decode(), msg, error)
+        except Exception:  # its entry stays pending: a later run writes the rows
+            logger.warning("expired_rows_failed record=%s", record.decode(), exc_info=True)
+            continue
+        written.append(record)
+    if written:
+        script("forget")(keys=[keys.EXPIRED_PENDING, *written], args=[])
+        logger.warning("expired_waiting count=%d", len(written))
+    return len(written)
+
+
+def parse_stored_message(msg: bytes) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(task id, payload, envelope dict) of a message stored in a task record (tasks.messages)."""
+    outer = json.loads(msg.replace(b"\0", b"").decode("utf-8"))
+    _args, kwargs, _embed = json.loads(outer["body"])
+    return outer["headers"]["id"], kwargs.get("payload"), kwargs.get("dispatch") or {}
+
+
+def _write_expired_rows(record: str, msg: bytes, error: DeadLettered) -> None:
+    from tasks import dead_letters
+
+    task_id, payload, env = parse_stored_message(msg)
+    dead_letters.record(
+        task_id=task_id, task_type=str(env.get("type", "")), lane=str(env.get("lane", "")), reason="expired",
+        payload=payload if isinstance(payload, dict) else None, chat_id=str(env.get("chat") or ""),
+        idempotency_key=str(env.get("key") or ""), metadata=env.get("meta") or None,
+        priority=int(env.get("priority", 5)), attempts=int(env.get("attempt", 1)),
+        dispatched_at=env.get("dispatched_at"), message=EXPIRED_DETAIL,
+    )
+    app.backend.store_result(task_id, error, states.FAILURE)
+    dispatched_at = env.get("dispatched_at")
+    queued_s = time.time() - dispatched_at if isinstance(dispatched_at, (int, float)) else None
+    hooks.emit(hooks.task_finished, lambda: hooks.TaskInfo(
+        task_id, str(env.get("type", "")), str(env.get("lane", "")), str(env.get("chat") or ""),
+        int(env.get("attempt", 1)), queued_s, None, outcome="dead", reason="expired", detail=EXPIRED_DETAIL))
+
+
+def run_once(sweep_now: bool) -> dict[str, Any]:
+    """One pass of the loop: promote, expire, and (every few seconds) sweep and audit; counted."""
+    done: dict[str, Any] = {"promoted": promote_due(), "expired": expire_due()}
+    if sweep_now:
+        done["swept"], _forgotten = sweep()
+        done["audited"] = audit_chats()
+    metrics.record_maintenance(get_redis(), time.time(), promoted=done["promoted"], expired=done["expired"],
+                               swept=done.get("swept", 0))
+    return done
+
+
 @app.task(name="tasks.maintenance", ignore_result=True)
 def maintenance() -> dict:
-    return {"promoted": promote_due(), "swept": sweep(), "audited": audit_chats()}
+    """One pass, by hand (``celery call tasks.maintenance``); beat no longer sends it."""
+    return run_once(sweep_now=True)
 
 
 @app.task(name="tasks.purge_dead_letters", ignore_result=True)
@@ -74,36 +159,50 @@ def purge_dead_letters() -> int:
     return purge_resolved()
 
 
+def loop(stopping: threading.Event) -> None:
+    """Run passes every ``DISPATCH_PROMOTE_INTERVAL_S`` until ``stopping`` is set."""
+    interval = settings.DISPATCH_PROMOTE_INTERVAL_S
+    sweep_every = max(1.0, min(settings.DISPATCH_LEASE_S, settings.DISPATCH_QUEUED_LEASE_S) / 4)
+    next_sweep = 0.0
+    while not stopping.wait(interval):
+        try:
+            sweep_now = time.monotonic() >= next_sweep
+            run_once(sweep_now)
+            if sweep_now:
+                next_sweep = time.monotonic() + sweep_every
+        except Exception:
+            logger.warning("maintenance_failed", exc_info=True)
+            stopping.wait(1.0)
+
+
+def start_thread(name: str = "dispatch-maintenance") -> threading.Event:
+    """Start the loop in a daemon thread; set the returned event to stop it."""
+    stopping = threading.Event()
+    threading.Thread(target=loop, args=(stopping,), name=name, daemon=True).start()
+    return stopping
+
+
 class MaintenanceStep(bootsteps.StartStopStep):
-    """A worker thread that promotes due retries and sweeps expired leases."""
+    """A worker thread that promotes due retries, expires waiting tasks and sweeps expired leases."""
 
     requires = {"celery.worker.components:Pool"}
 
     def __init__(self, worker, **kwargs):
-        self.stopping = threading.Event()
-        self.thread: threading.Thread | None = None
+        self.stopping: threading.Event | None = None
 
     def start(self, worker) -> None:
-        self.thread = threading.Thread(target=self._loop, name="dispatch-maintenance", daemon=True)
-        self.thread.start()
+        self.stopping = start_thread()
 
     def stop(self, worker) -> None:
-        self.stopping.set()
+        if self.stopping is not None:
+            self.stopping.set()
 
-    def _loop(self) -> None:
-        interval = settings.DISPATCH_PROMOTE_INTERVAL_S
-        sweep_every = max(1.0, min(settings.DISPATCH_LEASE_S, settings.DISPATCH_QUEUED_LEASE_S) / 4)
-        next_sweep = 0.0
-        while not self.stopping.wait(interval):
-            try:
-                promote_due()
-                if time.monotonic() >= next_sweep:
-                    sweep()
-                    audit_chats()
-                    next_sweep = time.monotonic() + sweep_every
-            except Exception:
-                logger.warning("maintenance_failed", exc_info=True)
-                self.stopping.wait(1.0)
+
+@signals.beat_init.connect(weak=False)
+def _maintain_in_beat(**_: Any) -> None:
+    """Beat keeps upkeep going while no worker is up, in a thread: no task message."""
+    start_thread("dispatch-maintenance-beat")
+    logger.info("maintenance_in_beat interval=%.1fs", settings.DISPATCH_PROMOTE_INTERVAL_S)
 
 
 app.steps["worker"].add(MaintenanceStep)

@@ -69,13 +69,18 @@ class Envelope:
 
 
 def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float) -> str:
-    """The message as a string with a NUL byte where the delivery tag goes."""
+    """The message as a string with a NUL byte where the delivery tag goes.
+
+    ``shadow`` carries the task type: the worker's log, its task events and so
+    Flower name the task ``chat.send`` rather than its handler ``http.post``
+    (the result row's ``task_name`` stays the handler, Celery's ``task``).
+    """
     body = f'[[],{{"payload":{payload_json},"dispatch":{json.dumps(envelope.as_dict(), separators=(",", ":"))}}},' \
         f'{json.dumps(_EMBED, separators=(",", ":"))}]'
     kombu_priority = to_kombu(envelope.priority)
     queue = keys.lane_queue(envelope.lane, 0)
     headers = {
-        "lang": "py", "task": handler, "id": task_id, "shadow": None, "eta": None,
+        "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "eta": None,
         "expires": None, "group": None, "group_index": None, "retries": envelope.attempt - 1,
         "timelimit": [soft_limit_s + HARD_LIMIT_GRACE_S, soft_limit_s], "root_id": task_id,
         "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import re
 
 from django.core.exceptions import ValidationError
@@ -14,6 +15,15 @@ TYPE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 def validate_type_name(value: str) -> None:
     if not TYPE_NAME_RE.match(value or ""):
         raise ValidationError("Type name must be 1-100 letters, digits, '_', '.', ':' or '-'.")
+
+
+def _valid_unicode(value: object) -> bool:
+    """Whether ``value``'s strings are all encodable as UTF-8 (JSON's ``"\\ud800"`` decodes to one that is not)."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 class RetryPolicy(models.Model):
@@ -101,12 +111,18 @@ class TaskType(models.Model):
             errors["timeout"] = f"Timeout must be above 0 and at most {MAX_TIMEOUT_S:.0f} seconds."
         if self.attempt_timeout is not None and not 0 < self.attempt_timeout <= MAX_TIMEOUT_S:
             errors["attempt_timeout"] = f"Attempt timeout must be above 0 and at most {MAX_TIMEOUT_S:.0f} seconds."
+        if ("timeout" not in errors and "attempt_timeout" not in errors and self.timeout is not None
+                and self.attempt_timeout is not None and self.attempt_timeout > self.timeout):
+            errors["attempt_timeout"] = (f"Attempt timeout ({self.attempt_timeout:g} s) must not be above the "
+                                         f"timeout ({self.timeout:g} s), the task's whole life.")
         if self.chat_queue_size is not None and not 1 <= self.chat_queue_size <= 100000:
             errors["chat_queue_size"] = "Chat queue size must be between 1 and 100000."
         if self.max_payload_bytes is not None and not 2 <= self.max_payload_bytes <= 8 * 1024 * 1024:
             errors["max_payload_bytes"] = "Max payload bytes must be between 2 and 8388608."
         if not isinstance(self.options, dict):
             errors["options"] = "Options must be a JSON object."
+        elif not _valid_unicode(self.options):
+            errors["options"] = "Options must be valid Unicode: a lone surrogate such as \\ud800 is not."
         elif self.handler in registry.handler_names():
             try:
                 registry.validate_options(self.handler, self.options)

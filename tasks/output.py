@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import Sequence
 from typing import Any
+
+from django.core.management.base import DjangoHelpFormatter
+
+
+class HelpFormatter(DjangoHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """``--help`` with the command's own options first, the epilog kept as written, and each real default shown."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        unset = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if "%(default)" in text or unset or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[str] | None = None) -> str:

@@ -23,13 +23,25 @@ class HandlerSpec:
     func: Callable[..., Any]
     validate_options: OptionsValidator | None
     description: str
+    #: The option keys the handler reads; any other key is refused (a typo
+    #: such as ``urll`` would otherwise be ignored). ``None``: not declared, not checked.
+    option_keys: tuple[str, ...] | None = None
 
 
 _handlers: dict[str, HandlerSpec] = {}
 
 
-def handler(name: str, *, validate_options: OptionsValidator | None = None, **task_options: Any):
-    """Register ``func`` as the handler ``name`` (also its Celery task name, shown in Flower)."""
+def handler(
+    name: str,
+    *,
+    validate_options: OptionsValidator | None = None,
+    option_keys: tuple[str, ...] | None = None,
+    **task_options: Any,
+):
+    """Register ``func`` as the handler ``name`` (also its Celery task name, shown in Flower).
+
+    ``option_keys`` lists the task-type options the handler reads; others are refused.
+    """
     from tasks.execution import HandlerTask
 
     def decorator(func: Callable[..., Any]) -> Any:
@@ -39,7 +51,8 @@ def handler(name: str, *, validate_options: OptionsValidator | None = None, **ta
             name=name, base=HandlerTask, handler_func=staticmethod(func), typing=False, **task_options
         )(func)
         doc = (func.__doc__ or "").strip().splitlines()
-        _handlers[name] = HandlerSpec(name, func, validate_options, doc[0] if doc else "")
+        _handlers[name] = HandlerSpec(name, func, validate_options, doc[0] if doc else "",
+                                      tuple(option_keys) if option_keys is not None else None)
         return task
 
     return decorator
@@ -60,5 +73,11 @@ def get(name: str) -> HandlerSpec:
 def validate_options(name: str, options: dict) -> None:
     """Raise ValueError naming what is wrong with a task type's ``options``."""
     spec = _handlers[name]
+    if spec.option_keys is not None:
+        unknown = sorted(set(options) - set(spec.option_keys))
+        if unknown:
+            known = ", ".join(spec.option_keys) or "none"
+            raise ValueError(f"unknown option{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(repr(k) for k in unknown)} for handler '{name}'; known options: {known}")
     if spec.validate_options is not None:
         spec.validate_options(options)

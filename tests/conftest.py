@@ -30,8 +30,10 @@ def pytest_configure(config):
     os.environ.update({
         "DJANGO_SETTINGS_MODULE": "dispatchsite.settings",
         "REDIS_URL": server.url,
-        "DATABASE_URL": f"sqlite:///{tmp / 'db.sqlite3'}",
+        # TEST_DATABASE_URL runs a session on another database (e.g. PostgreSQL, test_admin_properties_postgres).
+        "DATABASE_URL": os.environ.get("TEST_DATABASE_URL") or f"sqlite:///{tmp / 'db.sqlite3'}",
         "DISPATCH_SECRETS_FILE": str(tmp / "secrets.json"),
+        "DISPATCH_RUNTIME_FILE": str(tmp / "runtime.json"),  # never a `make run` going in this folder
         "DISPATCH_LEASE_S": os.environ.get("DISPATCH_LEASE_S", "6"),
         "DISPATCH_QUEUED_LEASE_S": os.environ.get("DISPATCH_QUEUED_LEASE_S", "120"),
         "CELERY_WORKER_SEND_TASK_EVENTS": "false",

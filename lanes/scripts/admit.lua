@@ -10,13 +10,26 @@
 --   the delivery tag's place), 5 kombu priority 0..9, 6 accepting 0/1,
 --   7 lane capacity, 8 chat id or '', 9 chat queue size, 10 payload digest or ''
 --   (no idempotency key), 11 idempotency window s, 12 queued lease ms,
---   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue)
+--   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue;
+--   its task id is derived from the dead letter, so a task record of that id
+--   already here means an earlier requeue of the same row: answer 'dup')
 -- KEYS[21] metrics of the previous minute (for the lane's recent completion rate)
 -- KEYS[22] the idempotency key in its old, ambiguous format: read (never written)
 --   when KEYS[4] is absent, until keys stored before the upgrade have expired
+-- KEYS[23] deadlines of waiting tasks (zset)   KEYS[24] paused lanes (set)
+-- KEYS[25] the lane's live consumers (zset: worker -> heartbeat expiry ms; lanes.consumers)
+-- ARGV[16] the task's deadline, epoch ms
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
---   completed_previous_minute}
+--   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
+--   paused 0/1, live_consumers}
+-- ``ahead``: messages in the lane's lists that a worker takes before this one
+-- (same or more urgent priority), counted before it was pushed; ``busy_s``: the
+-- handler seconds the lane's workers spent in that minute (finish.lua).
+--
+-- Every accepted task enters the deadlines set, published or waiting behind its
+-- chat's head: expire.lua makes it an ``expired`` dead letter at its deadline
+-- if no worker has claimed it by then.
 --
 -- Because Redis runs a script alone, a dispatch appending to a chat and a worker
 -- handing the chat over (finish.lua) can never interleave: the seed's race, where
@@ -30,6 +43,10 @@ end
 local task_id, chat_id, digest = ARGV[3], ARGV[8], ARGV[10]
 local lane, ttype = ARGV[13], ARGV[14]
 local field_base = lane .. '|' .. ttype
+
+if ARGV[15] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
+  return {'dup', task_id}
+end
 
 local function count(kind, extra)
   count_to(KEYS[8], KEYS[9], kind .. '|' .. field_base .. (extra or ''))
@@ -77,9 +94,14 @@ if chat_id ~= '' then
   end
 end
 
+local ahead = 0
+for i = 11, 11 + tonumber(ARGV[5]) do
+  ahead = ahead + redis.call('LLEN', KEYS[i])
+end
 local queue_key = KEYS[11 + tonumber(ARGV[5])]
 redis.call('HSET', KEYS[2], 'msg', ARGV[4], 'q', queue_key, 'lane', lane, 'type', ttype,
-  'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', '0')
+  'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', '0', 'dl', ARGV[16])
+redis.call('ZADD', KEYS[23], tonumber(ARGV[16]), KEYS[2])
 if publish then
   publish_record(KEYS[2], KEYS[3], now + tonumber(ARGV[12]))
 end
@@ -88,6 +110,8 @@ if digest ~= '' then
   redis.call('EXPIRE', KEYS[4], tonumber(ARGV[11]))
 end
 count('dispatched')
-local done_field = 'completed|' .. lane
+local done_field, busy_field = 'completed|' .. lane, 'busy|' .. lane
 return {'ok', position, depth, redis.call('HGET', KEYS[9], done_field) or '0',
-  redis.call('HGET', KEYS[21], done_field) or '0'}
+  redis.call('HGET', KEYS[21], done_field) or '0', ahead,
+  redis.call('HGET', KEYS[9], busy_field) or '0', redis.call('HGET', KEYS[21], busy_field) or '0',
+  redis.call('SISMEMBER', KEYS[24], lane), redis.call('ZCOUNT', KEYS[25], now, '+inf')}

@@ -3,6 +3,7 @@
 -- KEYS[1] task record   KEYS[2] leases   KEYS[3] chat queue (or the record)
 -- KEYS[4] active chats index   KEYS[5] metrics totals   KEYS[6] metrics minute
 -- KEYS[7] the task's tombstone (outcome and result, for a late redelivery)
+-- KEYS[8] deadlines of waiting tasks (a finished task leaves it)
 -- ARGV: 1 task id, 2 outcome ('done'|'dead'), 3 result JSON, 4 now ms,
 --   5 seconds to keep the tombstone,
 --   6 queued lease ms, 7 chat id or '', 8 chat record prefix,
@@ -40,6 +41,7 @@ local lane = f[2]
 redis.call('HSET', KEYS[1], 'st', ARGV[2], 'res', ARGV[3], 'own', '')
 redis.call('SET', KEYS[7], ARGV[2] .. '|' .. ARGV[3], 'EX', tonumber(ARGV[5]))
 redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + tonumber(ARGV[15]), KEYS[1])
+if KEYS[8] then redis.call('ZREM', KEYS[8], KEYS[1]) end
 
 local field = ARGV[9]
 if ARGV[2] == 'done' then
@@ -49,6 +51,8 @@ else
 end
 count_to(KEYS[5], KEYS[6], 'completed|' .. lane)
 observe(KEYS[5], KEYS[6], 'xlat', field, ARGV[11], ARGV[13])
+-- Handler seconds per lane and minute: admission's estimate of how fast one worker slot drains the lane.
+if ARGV[11] ~= '' then redis.call('HINCRBYFLOAT', KEYS[6], 'busy|' .. lane, ARGV[13]) end
 
 local next_id = ''
 if ARGV[7] ~= '' and redis.call('LINDEX', KEYS[3], 0) == ARGV[1] then

@@ -2,6 +2,7 @@
 --
 -- KEYS[1] task record   KEYS[2] leases   KEYS[3] lane delayed set
 -- KEYS[4] metrics totals   KEYS[5] metrics minute
+-- KEYS[6] deadlines of waiting tasks: the parked attempt waits again, under the task's deadline
 -- ARGV: 1 next attempt, 2 its message, 3 due ms, 4 queued lease ms,
 --   5 metric field suffix ('lane|type'), 6 owner that claimed this attempt
 -- Returns {'ok'} | {'already', state}
@@ -20,5 +21,7 @@ local due = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'att', ARGV[1], 'st', 'retry', 'dlv', '0', 'own', '')
 redis.call('ZADD', KEYS[3], due, KEYS[1])
 redis.call('ZADD', KEYS[2], due + tonumber(ARGV[4]), KEYS[1])
+local deadline = redis.call('HGET', KEYS[1], 'dl')
+if KEYS[6] and deadline then redis.call('ZADD', KEYS[6], tonumber(deadline), KEYS[1]) end
 count_to(KEYS[4], KEYS[5], 'retried|' .. ARGV[5] .. '|' .. (tonumber(ARGV[1]) - 1))
 return {'ok'}

@@ -3,6 +3,7 @@
 -- KEYS[1] task record   KEYS[2] leases   KEYS[3] metrics totals
 -- KEYS[4] metrics minute   KEYS[5] config version   KEYS[6] chat queue or record
 -- KEYS[7] the task's tombstone (written by finish.lua)
+-- KEYS[8] deadlines of waiting tasks (a claimed task leaves it: its worker keeps the deadline)
 -- ARGV: 1 task id, 2 attempt carried by the message, 3 owner (host:pid:thread),
 --   4 now ms, 5 lease ms, 6 max deliveries, 7 owner known dead ('' if none),
 --   8 metric field suffix ('lane|type'), 9 queue-latency bucket label or '',
@@ -34,6 +35,7 @@ end
 local dlv = redis.call('HINCRBY', KEYS[1], 'dlv', 1)
 if dlv > tonumber(ARGV[6]) then return {'poison', dlv} end
 redis.call('HSET', KEYS[1], 'st', 'running', 'own', ARGV[3])
+if KEYS[8] then redis.call('ZREM', KEYS[8], KEYS[1]) end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), KEYS[1])
 count_to(KEYS[3], KEYS[4], 'started|' .. ARGV[8])
 observe(KEYS[3], KEYS[4], 'qlat', ARGV[8], ARGV[9], ARGV[10])

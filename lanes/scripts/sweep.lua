@@ -1,7 +1,7 @@
 -- sweep.lua: republish tasks whose lease expired (their worker or publisher died,
 -- or a finished task's worker died before storing its result row).
 --
--- KEYS[1] leases
+-- KEYS[1] leases   KEYS[2] deadlines of waiting tasks (a running task republished waits again)
 -- ARGV: 1 now ms, 2 most to handle, 3 queued lease ms, 4 delayed-set key prefix,
 --   5 kombu's unacked hash key, 6 how deep to search a lane list for a copy
 -- Returns {republished, forgotten, still_waiting}.
@@ -35,6 +35,8 @@ for _, record in ipairs(expired) do
     -- result row): it keeps its state, so its copy only stores the row (start.lua).
     if publish_record(record, KEYS[1], now + tonumber(ARGV[3]), finished and st or nil) then
       republished = republished + 1
+      local deadline = not finished and KEYS[2] and redis.call('HGET', record, 'dl')
+      if deadline then redis.call('ZADD', KEYS[2], tonumber(deadline), record) end
     else
       redis.call('ZREM', KEYS[1], record)
       forgotten = forgotten + 1

@@ -1,3 +1,3 @@
-"""Built-in handlers; importing this module registers them."""
+"""Built-in handlers; importing this module registers them (``loadtest.sink`` is the tools app's)."""
 
-from tasks.handlers import demo, http, sink  # noqa: F401
+from tasks.handlers import demo, http  # noqa: F401

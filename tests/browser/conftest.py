@@ -71,11 +71,37 @@ def browser():
             os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
+#: Reports every Content-Security-Policy violation of every page the context opens to Python.
+_CSP_LISTENER = """
+document.addEventListener("securitypolicyviolation", function (e) {
+  window.__cspViolation([e.violatedDirective, e.blockedURI, e.sourceFile + ":" + e.lineNumber].join(" "));
+});
+"""
+
+
+def watch_csp(context) -> list[str]:
+    """Collect CSP violations (the DOM event, and Chromium's console report) of every page of ``context``."""
+    violations: list[str] = []
+    context.expose_binding("__cspViolation", lambda source, text: violations.append(f"{source['page'].url}: {text}"))
+    context.add_init_script(_CSP_LISTENER)
+
+    def on_console(message) -> None:
+        if "Content Security Policy" in message.text:
+            violations.append(f"console: {message.text}")
+
+    context.on("console", on_console)
+    return violations
+
+
 @pytest.fixture
 def page(browser, request):
-    """A fresh browser context per test; a screenshot of where it ended is kept as an artifact."""
+    """A fresh browser context per test; a screenshot of where it ended is kept as an artifact.
+
+    The test fails if any page it opened reported a Content-Security-Policy violation.
+    """
     context = browser.new_context(viewport={"width": 1500, "height": 1000})
     context.set_default_timeout(20_000)
+    violations = watch_csp(context)
     tab = context.new_page()
     yield tab
     ARTIFACTS.mkdir(exist_ok=True)
@@ -83,6 +109,7 @@ def page(browser, request):
         tab.screenshot(path=str(ARTIFACTS / f"{request.node.name}-end.png"), full_page=True)
     finally:
         context.close()
+    assert not violations, "Content-Security-Policy violations:\n" + "\n".join(violations)
 
 
 def shot(page, name: str) -> None:

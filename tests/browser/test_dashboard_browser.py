@@ -70,6 +70,8 @@ def test_dashboard_numbers_close_a_lane_and_requeue_a_dead_letter(page, live_ser
     assert cell(page, lane, "dead_letters") == "2" and cell(page, lane, "in_flight") == "0"
     assert cell(page, lane, "admission") == "open" and cell(page, lane, "consuming") == "consuming"
     assert cell(page, parked, "depth") == "2"
+    assert cell(page, parked, "consuming") == "no worker"  # issue 13: nothing consumes the parked lane
+    assert page.is_visible(f'#lanes-table tr.lane-unconsumed[data-lane="{parked}"] .no-consumer-warning')
     assert page.get_attribute("#flower-link", "href")
     shot(page, "dashboard-mix")
 

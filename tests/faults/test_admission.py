@@ -106,6 +106,10 @@ def _hostile_dispatches(name: str) -> list[tuple[str, dict, str]]:
         ("payload nested 5000 deep", {"payload": deep}, "invalid_payload"),
         ("payload holds a 5000-digit int", {"payload": {"x": 10**4999}}, "invalid_payload"),
         ("metadata nested 5000 deep", {"metadata": deep}, "invalid_metadata"),
+        # NUL cannot be stored in PostgreSQL's jsonb (a dead letter could not be written): refused (issue 12).
+        ("payload value with NUL", {"payload": {"text": f"a{NUL}b"}}, "invalid_payload"),
+        ("payload key with NUL", {"payload": {f"k{NUL}": 1}}, "invalid_payload"),
+        ("metadata with NUL", {"metadata": {"trace": f"t{NUL}"}}, "invalid_metadata"),
         ("payload of 1 MB", {"payload": {"x": "a" * 1_000_000}}, "payload_too_large"),
         ("payload of 10 MB", {"payload": {"x": "\u00e9" * 5_000_000}}, "payload_too_large"),
         ("chat id with NUL", {"chat_id": f"c{NUL}1"}, "invalid_chat_id"),
@@ -167,8 +171,8 @@ def test_08_hostile_input_at_every_door(start_worker, sink, rc, tmp_path, record
     assert not wrong, wrong
     assert lane_depth(rc, lane) == 0 and not list(rc.scan_iter("dispatch:chat:{hostile}*"))
 
-    # NUL and odd text *inside* a payload are data: carried intact and delivered.
-    odd = {"text": f"a{NUL}b", f"k{NUL}": "\u202e\ufeff\U0001F600", "quote": '"\\\0'}
+    # Odd text *inside* a payload is data: carried intact and delivered (NUL is refused above).
+    odd = {"text": "a\u0001b", "k\u2028": "\u202e\ufeff\U0001F600", "quote": '"\\\u0007'}
     result = dispatch.delay(name, odd, chat_id="odd-but-fine", idempotency_key="k\u00e9y-\U0001F600")
     offered += 1
     accepted += result.accepted

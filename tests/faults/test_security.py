@@ -33,8 +33,8 @@ from tests.support.redis_server import free_port
 from tests.support.workers import CELERY, ROOT
 
 
-def _run_services_commands(monkeypatch) -> dict[str, str]:
-    """The exact commands ``make run`` hands to honcho (without starting them)."""
+def _run_services_commands(monkeypatch, envs: dict | None = None) -> dict[str, str]:
+    """The exact commands (and, into ``envs``, environments) ``make run`` hands to honcho, without starting them."""
     import honcho.manager
 
     sys.path.insert(0, str(ROOT / "scripts"))
@@ -47,6 +47,8 @@ def _run_services_commands(monkeypatch) -> dict[str, str]:
 
         def add_process(self, name, cmd, **kwargs):
             commands[name] = cmd
+            if envs is not None:
+                envs[name] = kwargs.get("env") or {}
 
         def loop(self):
             return None
@@ -99,15 +101,18 @@ def test_09_security_baseline(tmp_path, monkeypatch, record):
         proc.wait(timeout=20)
 
     # 3. Flower, started with the command `make run` uses: basic auth, loopback.
-    commands = _run_services_commands(monkeypatch)
+    envs: dict[str, dict] = {}
+    commands = _run_services_commands(monkeypatch, envs)
     flower_cmd = commands["flower"]
-    assert "--basic-auth=admin:flower-pw-123" in flower_cmd and "--address=127.0.0.1" in flower_cmd
+    # The credentials reach Flower through its environment: a command line is world-readable (ps).
+    assert "flower-pw-123" not in flower_cmd and "--address=127.0.0.1" in flower_cmd
+    assert envs["flower"]["FLOWER_BASIC_AUTH"] == "admin:flower-pw-123"
     assert all("127.0.0.1" in cmd for name, cmd in commands.items() if name == "web")
     flower_port = free_port()
     log = open(tmp_path / "flower.log", "wb")
-    flower = subprocess.Popen([CELERY, "-A", "dispatchsite", "flower", "--address=127.0.0.1", f"--port={flower_port}",
-                               "--basic-auth=admin:flower-pw-123"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    flower = subprocess.Popen([CELERY, "-A", "dispatchsite", "flower", "--address=127.0.0.1", f"--port={flower_port}"],
+                              cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                              env={**os.environ, "FLOWER_BASIC_AUTH": envs["flower"]["FLOWER_BASIC_AUTH"]})
     try:
         url = f"http://127.0.0.1:{flower_port}/"
         wait_until(lambda: _http_status(url) is not None, timeout=60, interval=0.2, what="flower up")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.benchmark import SYSTEMS, WORKLOADS, dramatiq_available
+from tools.benchmark import SYSTEMS, WORKLOADS, dramatiq_available
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -43,7 +43,8 @@ def test_dashboard_shows_each_lane_with_its_numbers(admin_client):
 
     data = admin_client.get("/admin/dashboard/data/").json()
     row = next(r for r in data["data"]["lanes"] if r["name"] == lane)
-    assert (row["depth"], row["admission"], row["consuming"]) == (3, "open", "consuming")
+    # Issue 13: no worker consumes this lane, and the dashboard says so.
+    assert (row["depth"], row["admission"], row["consuming"]) == (3, "open", "no worker")
     assert row["depth_by_priority"]["9"] == 1 and row["depth_by_priority"]["1"] == 2
     assert row["stats"]["counts_15m"]["dispatched"] == 3 and row["stats"]["counts_15m"]["rejected"] == 1
     assert f'data-lane="{lane}"' in data["html"]
@@ -116,4 +117,5 @@ def test_control_permission_alone_is_enough(staff_viewer):
 def test_flower_auth_endpoint_for_a_reverse_proxy(admin_client, staff_viewer):
     assert Client().get("/admin/flower-auth/").status_code == 401
     assert admin_client.get("/admin/flower-auth/").status_code == 204
-    assert staff_viewer.get("/admin/flower-auth/").status_code == 204
+    # Issue 12: staff alone is not enough for Flower; the lanes.use_flower permission is.
+    assert staff_viewer.get("/admin/flower-auth/").status_code == 403

@@ -9,8 +9,9 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from lanes import control, keys
+from lanes import keys
 from lanes.models import LaneEvent
+from ops import control
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, lane_depth, unique, wait_until
 
@@ -45,7 +46,7 @@ def test_paused_lane_keeps_its_tasks_until_resumed(rc, start_worker):
     assert lane_depth(rc, lane) == 5 and _started(rc, lane, name) == 1
     assert "lane_paused_at_start" in late.log_text()
 
-    from lanes.metrics import snapshot
+    from ops.metrics import snapshot
 
     row = next(r for r in snapshot(lane_names=[lane])["lanes"] if r["name"] == lane)
     assert row["consuming"] == "paused" and row["depth"] == 5

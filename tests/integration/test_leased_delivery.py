@@ -18,9 +18,10 @@ from kombu import Connection, Exchange, Queue
 
 from lanes import keys
 from lanes.transport import LEASED_HEADER
-from tasks import maintenance, probe
+from tasks import maintenance
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, lane_depth, unique, wait_until
+from tools import probe
 
 TRANSPORT = "lanes.transport:Transport"
 

@@ -8,12 +8,11 @@ from tests.support.helpers import unique
 
 
 def test_the_sink_record_keeps_at_most_its_cap(rc):
-    from lanes import scripts
-    from tasks.handlers.sink import applied_key, log_key
+    from tools.sink import applied_key, log_key, record_applied
 
     run = unique("cap")
     for i in range(10):
-        scripts.call("sink_record", [applied_key(run), log_key(run)], [f"k{i % 6}", f"line {i}", 60, 3])
+        record_applied(run, f"k{i % 6}", f"line {i}", ttl_s=60, max_entries=3)
     assert rc.llen(log_key(run)) == 3
     assert rc.lrange(log_key(run), 0, -1) == [b"line 7", b"line 8", b"line 9"]
     applied = rc.hgetall(applied_key(run))

@@ -14,7 +14,8 @@ import pytest
 
 from lanes import redis_client
 from tasks import config, leases
-from tasks.handlers import http, sink
+from tasks.handlers import http
+from tools import sink
 
 MODULES = [(config, "_lock"), (redis_client, "_lock"), (leases, "_lock"), (http, "_pool_lock"),
            (sink, "_counts_lock")]

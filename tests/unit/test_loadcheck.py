@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.loadcheck import Applied, Sent, check, parse_log_line, percentiles, step_passed
+from tools.loadcheck import Applied, Sent, check, parse_log_line, percentiles, step_passed
 
 
 def sent(chat: str, seq: int, accepted: bool = True, task_id: str | None = None) -> Sent:

@@ -6,9 +6,9 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from lanes import charts, metrics
-from lanes.metrics import LaneGauges
-from lanes.prometheus import families
+from ops import charts, metrics
+from ops.metrics import LaneGauges
+from ops.prometheus import families
 
 
 def _counters(**fields: float) -> metrics.Counters:

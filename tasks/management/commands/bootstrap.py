@@ -9,6 +9,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from lanes.models import Lane
+from tasks import registry
 from tasks.config_io import apply_config, default_config_for
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "defaults" / "default_config.json"
@@ -28,6 +29,6 @@ class Command(BaseCommand):
             self.stdout.write("created admin user 'admin'")
         if not Lane.objects.exists():
             profile = os.environ.get("DISPATCH_PROFILE", "")
-            apply_config(default_config_for(json.loads(DEFAULT_CONFIG.read_text()), profile))
+            apply_config(default_config_for(json.loads(DEFAULT_CONFIG.read_text()), profile, registry.handler_names()))
             self.stdout.write(f"applied the default config from {DEFAULT_CONFIG.name}")
         call_command("collectstatic", interactive=False, verbosity=0)

@@ -1,0 +1,1 @@
+"""The HTTP API: the ``dispatch`` contract for services that do not import this project."""

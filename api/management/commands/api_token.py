@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+
+from api.models import ServiceToken
+from tasks.output import dumps
+
+
+class Command(BaseCommand):
+    help = ("Service tokens of the HTTP API: 'create NAME --type T [--type T ...]' prints the token once; "
+            "'revoke NAME'; 'list'.")
+
+    def add_arguments(self, parser):
+        parser.add_argument("action", choices=("create", "revoke", "list"))
+        parser.add_argument("name", nargs="?")
+        parser.add_argument("--type", dest="types", action="append", default=[], help="an allowed task type")
+        parser.add_argument("--rate", type=int, help="requests per second (default DISPATCH_API_RATE_PER_S)")
+        parser.add_argument("--notes", default="")
+
+    def handle(self, *args, **opts):
+        action, name = opts["action"], opts["name"]
+        if action == "list":
+            rows = [{"name": t.name, "prefix": t.prefix, "types": sorted(x.name for x in t.task_types.all()),
+                     "rate_per_s": t.rate_per_s, "revoked": t.revoked}
+                    for t in ServiceToken.objects.prefetch_related("task_types")]
+            self.stdout.write(dumps(rows))
+            return
+        if not name:
+            raise CommandError(f"'{action}' needs a token name")
+        if action == "revoke":
+            token = ServiceToken.objects.filter(name=name).first()
+            if token is None:
+                raise CommandError(f"no service token named {name!r}")
+            token.revoke()
+            self.stdout.write(f"revoked {name}")
+            return
+        if ServiceToken.objects.filter(name=name).exists():
+            raise CommandError(f"a service token named {name!r} exists; revoke it or pick another name")
+        try:
+            _, clear = ServiceToken.objects.issue(name, opts["types"], rate_per_s=opts["rate"], notes=opts["notes"])
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(clear)

@@ -1,0 +1,207 @@
+"""``/api/v1/``: dispatch one task, dispatch many, read a task's state.
+
+The same contract as ``tasks.dispatch.admit``: every answer is a
+``DispatchResult`` (as JSON), a rejection carries a reason from the documented
+closed set, and the HTTP status follows ``api.statuses``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from typing import Any
+
+from django.conf import settings
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest, JsonResponse
+from django_celery_results.models import TaskResult
+from ninja import NinjaAPI
+from ninja.errors import HttpError, ValidationError
+from ninja.openapi.views import openapi_view
+
+from api import statuses
+from api.auth import Caller, ServiceTokenAuth
+from api.errors import ApiError, body
+from api.models import DispatchAudit
+from api.schemas import ITEM_KEYS, BulkIn, BulkOut, DispatchIn, DispatchOut, ErrorOut, TaskStateOut
+from tasks.dispatch import DispatchResult, admit
+from tasks.models import DeadLetter
+
+logger = logging.getLogger(__name__)
+
+#: Admitted task ids kept in one audit row.
+AUDIT_MAX_TASK_IDS = 100
+MAX_TASK_ID_LEN = 64
+
+
+def _docs_for_staff(view: Any) -> Any:
+    """The interactive docs page is for staff; the schema itself (openapi.json) is public."""
+    if getattr(view, "func", None) is openapi_view:
+        return staff_member_required(view)
+    return view
+
+
+api = NinjaAPI(
+    title="Dispatch API",
+    version="1",
+    description="Dispatch tasks to the platform from any language. Authorization: Bearer <service token>.",
+    urls_namespace="api-v1",
+    auth=ServiceTokenAuth(),
+    docs_url="/docs" if settings.DISPATCH_API_DOCS else None,
+    docs_decorator=_docs_for_staff,
+)
+
+REFUSALS = {401: ErrorOut, 403: ErrorOut, 413: ErrorOut, 422: ErrorOut, 429: ErrorOut}
+
+
+def _json(request: HttpRequest, status: int, data: Any, headers: dict[str, str] | None = None) -> JsonResponse:
+    response = JsonResponse(data, status=status, safe=False, json_dumps_params={"ensure_ascii": False})
+    for name, value in (headers or {}).items():
+        response[name] = value
+    return response
+
+
+@api.exception_handler(ApiError)
+def _api_error(request: HttpRequest, exc: ApiError) -> JsonResponse:
+    return _json(request, exc.status, body(exc.reason, exc.detail), exc.headers)
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request: HttpRequest, exc: ValidationError) -> JsonResponse:
+    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in exc.errors]
+    return _json(request, 422, body("invalid_request", detail))
+
+
+@api.exception_handler(HttpError)
+def _http_error(request: HttpRequest, exc: HttpError) -> JsonResponse:
+    reason = "invalid_request" if exc.status_code == 400 else "error"
+    detail = "request body is not valid JSON" if "parse request body" in str(exc) else str(exc)
+    return _json(request, exc.status_code, body(reason, detail))
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request: HttpRequest, exc: RequestDataTooBig) -> JsonResponse:
+    return _json(request, 413, body("body_too_large", str(exc)))
+
+
+@api.exception_handler(Http404)
+def _not_found(request: HttpRequest, exc: Http404) -> JsonResponse:
+    return _json(request, 404, body("not_found", str(exc) or "not found"))
+
+
+@api.exception_handler(Exception)
+def _internal(request: HttpRequest, exc: Exception) -> JsonResponse:
+    logger.exception("api_internal_error path=%s", request.path)
+    return _json(request, 500, body("internal_error", "the API failed to answer; the error is in the web log"))
+
+
+def not_found(request: HttpRequest, rest: str = "") -> JsonResponse:
+    """Any other path under /api/: a JSON 404, never Django's HTML page."""
+    return _json(request, 404, body("not_found", f"no API endpoint at {request.path}; see /api/v1/openapi.json"))
+
+
+def _in_scope(caller: Caller, task_type: str) -> None:
+    if not caller.may_dispatch(task_type):
+        allowed = ", ".join(sorted(caller.allowed_types)) or "none"
+        raise ApiError(403, "forbidden_type",
+                       f"token '{caller.name}' may not dispatch task type {task_type!r} (allowed: {allowed})")
+
+
+def _audit(request: HttpRequest, caller: Caller, endpoint: str, task_type: str,
+           results: list[DispatchResult]) -> None:
+    """One row per request (not per item): who sent what, how much was admitted, why the rest was not."""
+    accepted = [r for r in results if r.accepted]
+    DispatchAudit.objects.create(
+        token_id=caller.token_id, token_name=caller.name, endpoint=endpoint, task_type=task_type[:100],
+        items=len(results), accepted=len(accepted),
+        reasons=dict(Counter(r.reason for r in results if not r.accepted and r.reason)),
+        task_ids=[r.task_id for r in accepted[:AUDIT_MAX_TASK_IDS]],
+        remote_addr=(request.META.get("REMOTE_ADDR") or "")[:64],
+    )
+
+
+def _retry_headers(status: int) -> dict[str, str]:
+    return {"Retry-After": str(statuses.RETRY_AFTER_S)} if status in (429, 503) else {}
+
+
+@api.post("/dispatch", response={202: DispatchOut, 404: DispatchOut, 409: DispatchOut, 503: DispatchOut,
+                                 **REFUSALS}, summary="Dispatch one task")
+def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
+    """Admit one task, as ``dispatch.delay`` does: 202 with its ``task_id``, or a rejection with a ``reason``.
+
+    Rejections: 404 ``unknown_type``; 422 ``invalid_*``; 413 ``payload_too_large``;
+    409 ``type_disabled``, ``idempotency_conflict``; 429 ``lane_full``, ``chat_queue_full``;
+    503 ``lane_closed``, ``unavailable`` (retry with the same idempotency key).
+    """
+    caller: Caller = request.auth
+    _in_scope(caller, data.task_type)
+    result = admit(data.task_type, data.payload, chat_id=data.chat_id, priority=data.priority,
+                   idempotency_key=data.idempotency_key, timeout=data.timeout, metadata=data.metadata)
+    _audit(request, caller, "dispatch", data.task_type, [result])
+    status = statuses.status_for(result.accepted, result.reason)
+    return _json(request, status, result.as_dict(), _retry_headers(status))
+
+
+def _item_options(item: Any) -> tuple[Any, dict[str, Any]]:
+    """``(payload, per-item options)``: a wrapper object when it has "payload" and only item keys."""
+    if isinstance(item, dict) and "payload" in item and item.keys() <= ITEM_KEYS:
+        options = {k: item[k] for k in ("chat_id", "priority", "idempotency_key") if k in item}
+        return item["payload"], options
+    return item, {}
+
+
+@api.post("/dispatch/bulk", response={200: BulkOut, **REFUSALS}, summary="Dispatch many tasks of one type")
+def dispatch_bulk(request: HttpRequest, data: BulkIn) -> JsonResponse:
+    """Admit each item on its own; ``results`` are in input order (at most 1000 items per request)."""
+    caller: Caller = request.auth
+    _in_scope(caller, data.task_type)
+    results = []
+    for item in data.items:
+        payload, options = _item_options(item)
+        options.setdefault("priority", data.priority)
+        results.append(admit(data.task_type, payload, timeout=data.timeout, metadata=data.metadata, **options))
+    _audit(request, caller, "bulk", data.task_type, results)
+    accepted = sum(1 for r in results if r.accepted)
+    return _json(request, 200, {"accepted": accepted, "rejected": len(results) - accepted,
+                                "results": [r.as_dict() for r in results]})
+
+
+def _decode(row: TaskResult) -> Any:
+    if row.result is None:
+        return None
+    try:
+        return json.loads(row.result)
+    except (TypeError, ValueError):
+        return row.result
+
+
+@api.get("/tasks/{task_id}", response={200: TaskStateOut, 401: ErrorOut, 422: ErrorOut, 429: ErrorOut},
+         summary="A task's state and result")
+def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
+    """The stored state (PENDING while there is no result row) and, if it died, its dead letter.
+
+    For a ``tasks.dispatch`` message sent by name, ``result`` is its
+    DispatchResult and ``dispatched_task_id`` the task to follow next.
+    """
+    if not 0 < len(task_id) <= MAX_TASK_ID_LEN or not task_id.isprintable():
+        raise ApiError(422, "invalid_request", f"task_id must be 1..{MAX_TASK_ID_LEN} printable characters")
+    row = TaskResult.objects.filter(task_id=task_id).first()
+    result = _decode(row) if row else None
+    dispatched = None
+    if row and row.task_name == "tasks.dispatch" and isinstance(result, dict):
+        dispatched = result.get("task_id") if result.get("accepted") else None
+    dead = DeadLetter.objects.filter(task_id=task_id).first()
+    return _json(request, 200, {
+        "task_id": task_id,
+        "state": row.status if row else "PENDING",
+        "task_name": row.task_name if row else None,
+        "result": result,
+        "date_done": row.date_done.isoformat() if row and row.date_done else None,
+        "dispatched_task_id": dispatched,
+        "dead_letter": None if dead is None else {
+            "reason": dead.reason, "status": dead.status, "error": dead.error_message,
+            "attempts": dead.attempts, "requeued_task_id": dead.requeued_task_id,
+        },
+    })

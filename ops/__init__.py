@@ -1,0 +1,1 @@
+"""The operator's pages: dashboard, lane controls, ``/metrics``, the Lane admin and ``manage.py lanes``."""

@@ -1,0 +1,154 @@
+"""The operator's pages: ``/metrics``, the admin dashboard, lane controls, and Flower's auth check."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from django.conf import settings
+from django.contrib import admin, messages
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.template.loader import render_to_string
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from lanes.models import Lane, LaneEvent
+from ops import charts, control, metrics
+
+logger = logging.getLogger(__name__)
+
+TEXT = "text/plain; charset=utf-8"
+
+CONFIRM_TEXT = {
+    "close": "Dispatch will answer lane_closed for every new task of this lane. Tasks already waiting still run.",
+    "open": "Dispatch will accept new tasks of this lane again.",
+    "pause": "Every worker stops taking tasks from this lane (running tasks finish). New tasks wait in the lane.",
+    "resume": "The workers that were paused take tasks from this lane again.",
+    "drain": "Admission closes now; the dashboard shows what is left until the lane and its retries are empty. "
+             "The lane stays closed afterwards until you open it.",
+}
+
+
+def _bearer_ok(request: HttpRequest) -> bool:
+    token = settings.DISPATCH_METRICS_TOKEN
+    header = request.headers.get("Authorization", "")
+    scheme, _, given = header.partition(" ")
+    return bool(token) and scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus scrape: the bearer token from DISPATCH_METRICS_TOKEN, or a staff session."""
+    user = request.user
+    if not (_bearer_ok(request) or (user.is_authenticated and user.is_active and user.is_staff)):
+        response = HttpResponse("authentication required: Authorization: Bearer <DISPATCH_METRICS_TOKEN>\n",
+                                status=401, content_type=TEXT)
+        response["WWW-Authenticate"] = 'Bearer realm="dispatch metrics"'
+        return response
+    from ops.prometheus import registry
+
+    return HttpResponse(generate_latest(registry()), content_type=CONTENT_TYPE_LATEST)
+
+
+def _text(body: str, status: int) -> HttpResponse:
+    """A plain-text answer: whatever the URL carried is never read as HTML."""
+    return HttpResponse(body, status=status, content_type=TEXT)
+
+
+#: Flower can shut workers down, revoke tasks and read every payload: being
+#: staff is not enough, the user needs this permission (superusers have all).
+FLOWER_PERMISSION = "lanes.use_flower"
+
+
+def flower_auth(request: HttpRequest) -> HttpResponse:
+    """For a reverse proxy's ``auth_request``: 204 with the Flower permission, 403 without, 401 logged out."""
+    user = request.user
+    if not (user.is_authenticated and user.is_active and user.is_staff):
+        return HttpResponse(status=401)
+    if not user.has_perm(FLOWER_PERMISSION):
+        return _text("you need the 'Can use Flower' permission\n", 403)
+    return HttpResponse(status=204)
+
+
+def _can_control(request: HttpRequest) -> bool:
+    return request.user.has_perm("lanes.control_lane")
+
+
+def _live_context(request: HttpRequest) -> dict:
+    snap = metrics.snapshot()
+    now = snap["generated_at"]
+    for lane in snap["lanes"]:
+        lane["chart"] = charts.lane_chart(lane["name"], lane["series"], now)
+        lane["deadletter_url"] = (reverse("admin:tasks_deadletter_changelist")
+                                  + f"?lane__exact={lane['name']}&status__exact=dead")
+        s = lane["stats"]
+        s["queue_latency_p50"] = metrics.format_seconds(s["queue_latency_p50_s"])
+        s["queue_latency_p95"] = metrics.format_seconds(s["queue_latency_p95_s"])
+        fail = s["failure_rate_15m"]
+        s["failure_pct"] = f"{fail * 100:.1f}%" if fail is not None else "-"
+        for kind in ("dispatched", "completed"):
+            s[f"{kind}_rates"] = {w: metrics.format_rate(v) for w, v in s[f"{kind}_per_s"].items()}
+    return {
+        "snap": snap,
+        "can_control": _can_control(request),
+        "flower_url": settings.FLOWER_URL,
+        "events": list(LaneEvent.objects.all()[:10]),
+        "deadletters_url": reverse("admin:tasks_deadletter_changelist") + "?status__exact=dead",
+    }
+
+
+def dashboard(request: HttpRequest) -> HttpResponse:
+    context = {
+        **admin.site.each_context(request),
+        "title": "Dispatch dashboard",
+        "is_nav_sidebar_enabled": False,  # the lane table needs the width
+        "live": render_to_string("admin/lanes/_dashboard_live.html", _live_context(request), request=request),
+        "data_url": reverse("dispatch-dashboard-data"),
+        "flower_url": settings.FLOWER_URL,
+    }
+    return TemplateResponse(request, "admin/lanes/dashboard.html", context)
+
+
+def dashboard_data(request: HttpRequest) -> JsonResponse:
+    """What the page's script polls: the live part as HTML, and the numbers as data."""
+    context = _live_context(request)
+    html = render_to_string("admin/lanes/_dashboard_live.html", context, request=request)
+    snap = context["snap"]
+    for lane in snap["lanes"]:
+        lane.pop("chart", None)
+    return JsonResponse({"html": html, "data": snap})
+
+
+@require_http_methods(["GET", "POST"])
+def lane_control(request: HttpRequest, name: str, action: str) -> HttpResponse:
+    """GET: the confirmation page; POST: apply, log who did it, back to the dashboard."""
+    if not _can_control(request):
+        return _text("you need the 'Can close, open, pause, resume and drain lanes' permission\n", 403)
+    if action not in control.ACTIONS:
+        return _text(f"unknown action {action!r}\n", 404)
+    lane = Lane.objects.filter(name=name).first()
+    if lane is None:
+        return _text(f"no lane named {name!r}\n", 404)
+    back = reverse("dispatch-dashboard")
+    if request.method == "POST":
+        try:
+            outcome = control.apply(action, name, request.user.get_username())
+        except control.ControlError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, outcome.message)
+        return redirect(back)
+    context = {
+        **admin.site.each_context(request),
+        "title": f"{action.capitalize()} lane {name}?",
+        "lanes": [lane],
+        "action": action,
+        "explanation": CONFIRM_TEXT[action],
+        "cancel_url": back,
+        "form_url": request.path,
+        "from_changelist": False,
+    }
+    return TemplateResponse(request, "admin/lanes/control_confirm.html", context)

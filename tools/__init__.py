@@ -1,0 +1,1 @@
+"""The measuring tools: load test, benchmark, their checker and probe, and the ``loadtest.sink`` handler."""

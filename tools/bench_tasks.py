@@ -1,0 +1,35 @@
+"""Benchmark-only tasks (``bench.celery_work``, ``bench.work``): the same work for plain Celery and the platform.
+
+Imported by the benchmark's workers (``celery ... worker -I tools.bench_tasks``)
+and by its producer; not part of the platform's runtime. ``payload["ms"]``
+milliseconds of sleep stand in for outbound I/O; 0 is a no-op.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import shared_task
+
+from tasks.registry import handler
+
+CELERY_QUEUE = "bench-celery"
+
+
+def work(payload: dict) -> None:
+    ms = payload.get("ms", 0) if isinstance(payload, dict) else 0
+    if ms:
+        time.sleep(ms / 1000)
+
+
+@shared_task(name="bench.celery_work", queue=CELERY_QUEUE, acks_late=True, ignore_result=True, typing=False)
+def celery_work(payload: dict) -> None:
+    """A bare Celery task: acks_late, prefetch 1 (the app's setting), no result stored."""
+    work(payload)
+
+
+@handler("bench.work")
+def platform_work(payload: dict, ctx: Any) -> None:
+    """The platform's handler doing the same work."""
+    work(payload)

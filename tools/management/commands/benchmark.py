@@ -1,0 +1,84 @@
+"""``manage.py benchmark``: the platform side by side with plain Celery and Dramatiq (see tools/benchmark.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from tasks.output import dumps, table
+from tools import benchmark
+
+
+class Command(BaseCommand):
+    help = (
+        "Side-by-side benchmark on this machine: dispatch-only calls/s and end-to-end tasks/s (no-op and 20 ms "
+        "I/O) of plain Celery, the platform's plain and chat-scoped types, and Dramatiq (needs "
+        "`pip install -r requirements-bench.txt`, or `make bench`). Starts its own Redis, scratch database and "
+        "workers; alternates the systems over --rounds and prints medians and ratios to plain Celery."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--quick", action="store_true", help="one small round of everything (CI)")
+        parser.add_argument("--rounds", type=int)
+        parser.add_argument("--tasks", type=int, help="tasks per end-to-end measurement")
+        parser.add_argument("--dispatch-tasks", type=int, help="calls per dispatch-only measurement")
+        parser.add_argument("--warmup", type=int)
+        parser.add_argument("--chats", type=int, default=1000)
+        parser.add_argument("--io-ms", type=float, default=20.0)
+        parser.add_argument("--instances", type=int, default=2, help="worker instances (main processes) per system")
+        parser.add_argument("--pool", default="prefork", help="Celery pool for the no-op workload")
+        parser.add_argument("--concurrency", type=int, default=1, help="per instance, no-op workload")
+        parser.add_argument("--io-pool", default="threads", help="Celery pool for the I/O workload")
+        parser.add_argument("--io-concurrency", type=int, default=16, help="per instance, I/O workload")
+        parser.add_argument("--systems", default=",".join(benchmark.SYSTEMS))
+        parser.add_argument("--workloads", default=",".join(benchmark.WORKLOADS))
+        parser.add_argument("--redis-url", help="a scratch Redis to use instead of starting one (it is FLUSHDB'd)")
+        parser.add_argument("--profile", metavar="DIR", help="py-spy record producer and workers in round 1")
+        parser.add_argument("--json", action="store_true")
+        parser.add_argument("--role", choices=["setup", "produce"], help=argparse.SUPPRESS)
+        parser.add_argument("--spec", help=argparse.SUPPRESS)
+
+    def handle(self, *args, **opts):
+        if opts["role"] == "setup":
+            benchmark.setup_config()
+            return
+        if opts["role"] == "produce":
+            self.stdout.write(json.dumps(benchmark.produce(json.loads(opts["spec"]))))
+            return
+        systems = [s for s in opts["systems"].split(",") if s]
+        workloads = [w for w in opts["workloads"].split(",") if w]
+        for name, given, known in (("system", systems, benchmark.SYSTEMS), ("workload", workloads,
+                                                                               benchmark.WORKLOADS)):
+            unknown = sorted(set(given) - set(known))
+            if unknown:
+                raise CommandError(f"unknown {name}(s) {unknown}; choose from {', '.join(known)}")
+        base = benchmark.BenchOptions.quick() if opts["quick"] else benchmark.BenchOptions()
+        fields = {
+            "rounds": opts["rounds"], "n_noop": opts["tasks"], "n_io": opts["tasks"],
+            "n_dispatch": opts["dispatch_tasks"], "warmup": opts["warmup"],
+        }
+        for key, value in fields.items():
+            if value is not None:
+                setattr(base, key, max(1, value))
+        base.chats, base.io_ms = max(1, opts["chats"]), opts["io_ms"]
+        base.instances, base.pool, base.concurrency = max(1, opts["instances"]), opts["pool"], opts["concurrency"]
+        base.io_pool, base.io_concurrency = opts["io_pool"], opts["io_concurrency"]
+        base.systems, base.workloads = systems, workloads
+        base.redis_url, base.profile_dir = opts["redis_url"], opts["profile"]
+
+        def progress(line: str) -> None:
+            self.stderr.write(line)
+
+        report = benchmark.Bench(base, progress).run()
+        if opts["json"]:
+            self.stdout.write(dumps(report.as_dict()))
+            return
+        self.stdout.write(table(benchmark.table_rows(report), benchmark.TABLE_COLUMNS))
+        m = report.machine
+        self.stdout.write(
+            f"{m.get('cpus')} CPUs ({m.get('cpu')}), Python {m.get('python')}, Redis {m.get('redis_server')}, "
+            f"celery {m.get('celery')}, dramatiq {m.get('dramatiq') or 'not installed'}; "
+            f"{base.rounds} round(s), {report.seconds}s"
+        )
