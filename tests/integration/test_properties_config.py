@@ -45,10 +45,10 @@ def lanes(draw, name: str) -> dict:
 def task_types(draw, name: str, lane: str, policy: str) -> dict:
     from tasks.retry import MAX_TIMEOUT_S
 
-    positive_timeout = st.floats(0.001, MAX_TIMEOUT_S, **finite)
+    timeout = draw(st.floats(0.001, MAX_TIMEOUT_S, **finite))
     return {"name": name, "lane": lane, "retry_policy": policy, "handler": "demo.echo",
-            "priority": draw(st.integers(0, 9)), "timeout": draw(positive_timeout),
-            "attempt_timeout": draw(positive_timeout), "chat_scoped": draw(st.booleans()),
+            "priority": draw(st.integers(0, 9)), "timeout": timeout,
+            "attempt_timeout": draw(st.floats(0.001, timeout, **finite)), "chat_scoped": draw(st.booleans()),
             "chat_queue_size": draw(st.integers(1, 100000)), "max_payload_bytes": draw(st.integers(2, 8 * 1024 * 1024)),
             "idempotency_window": draw(st.integers(0, 2**31 - 1)), "enabled": draw(st.booleans()),
             "options": draw(st.dictionaries(clean_text, st.integers() | clean_text, max_size=3))}
@@ -89,12 +89,12 @@ ALWAYS_BAD = {"bad_name", "unknown_key", "missing_ref", "missing_required", "dup
 
 
 @st.composite
-def mutated(draw) -> tuple[dict, str | None, str | None]:
-    """(document, expected start of the error or None, the mutation's kind)."""
+def mutated(draw) -> tuple[dict, str | None, str, str]:
+    """(document, expected start of the error or None, the mutation's kind, a word the error must hold)."""
     doc = draw(documents())
     sections = [s for s in ("retry_policies", "lanes", "task_types") if doc[s]]
     if not sections or draw(st.integers(0, 4)) == 0:
-        return doc, None, "none"
+        return doc, None, "none", ""
     section = draw(st.sampled_from(sections))
     index = draw(st.integers(0, len(doc[section]) - 1))
     entry = doc[section][index]
@@ -105,10 +105,14 @@ def mutated(draw) -> tuple[dict, str | None, str | None]:
         kinds += ["reserved_lane"]
     kind = draw(st.sampled_from(kinds))
     where = f"{section}[{index}]"
+    mentions = ""
     if kind == "bad_value":
         field = draw(st.sampled_from(FIELDS[section]))
         entry[field] = draw(st.sampled_from(BAD_VALUES))
-        where = f"{where} {entry['name']!r}: {field}"
+        # Not ": {field}" exactly: a value may be fine alone and clash with another field
+        # (timeout 1 below attempt_timeout): the message names the entry and mentions the field.
+        where = f"{where} {entry['name']!r}: "
+        mentions = field
     elif kind == "bad_name":
         entry["name"] = draw(st.sampled_from(BAD_NAMES))
         if section != "lanes" and isinstance(entry["name"], str) and entry["name"] in BAD_NAMES[4:12]:
@@ -141,7 +145,7 @@ def mutated(draw) -> tuple[dict, str | None, str | None]:
     elif kind == "bad_handler":
         entry["handler"] = draw(st.sampled_from(["os.system", "", "demo.echo ", "http.post"]))
         where = f"{where} {entry['name']!r}: "
-    return doc, where, kind
+    return doc, where, kind, mentions
 
 
 def snapshot() -> tuple:
@@ -161,20 +165,20 @@ def _same(a, b) -> bool:
 @bounded(CONFIG_EXAMPLES)
 @given(case=mutated())
 @example(case=({"retry_policies": [{"name": "hp-huge", "initial_backoff": 10**400}]},
-               "retry_policies[0] 'hp-huge': initial_backoff", "bad_value"))  # found: OverflowError escaped
+               "retry_policies[0] 'hp-huge': initial_backoff", "bad_value", ""))  # found: OverflowError escaped
 @example(case=({"retry_policies": [{"name": "hp-list", "jitter": [1]}]},
-               "retry_policies[0] 'hp-list': jitter", "bad_value"))  # found: TypeError from the model's clean()
-@example(case=({"retry_policies": [{"name": "hp\udfff"}]}, "retry_policies[0]", "bad_name"))  # found: crashed
-@example(case=({"retry_policies": [{"name": "hp\x00nul"}]}, "retry_policies[0]", "bad_name"))  # found: stored
+               "retry_policies[0] 'hp-list': jitter", "bad_value", ""))  # found: TypeError from the model's clean()
+@example(case=({"retry_policies": [{"name": "hp\udfff"}]}, "retry_policies[0]", "bad_name", ""))  # found: crashed
+@example(case=({"retry_policies": [{"name": "hp\x00nul"}]}, "retry_policies[0]", "bad_name", ""))  # found: stored
 @example(case=({"lanes": [{"name": "hp-desc", "description": "a\x00"}]},
-               "lanes[0] 'hp-desc': description", "bad_text"))  # found: stored on SQLite, refused by PostgreSQL
+               "lanes[0] 'hp-desc': description", "bad_text", ""))  # found: stored on SQLite, refused by PostgreSQL
 @example(case=({"lanes": [{"name": "hp-dup"}, {"name": "hp-dup", "capacity": 3}]},
-               "lanes[1] 'hp-dup': name: duplicate of lanes[0]", "duplicate"))  # found: the last one won silently
+               "lanes[1] 'hp-dup': name: duplicate of lanes[0]", "duplicate", ""))  # found: the last one won silently
 def test_apply_config_is_all_or_nothing_and_names_the_bad_entry(case):
     from tasks.config_io import apply_config, export_config
     from tasks.errors import ConfigError
 
-    doc, where, kind = case
+    doc, where, kind, mentions = case
     event(f"mutation={kind}")
     before = snapshot()
     try:
@@ -183,6 +187,7 @@ def test_apply_config_is_all_or_nothing_and_names_the_bad_entry(case):
         assert snapshot() == before, "a failed apply_config changed the database"
         assert where is not None, f"a valid document was refused: {exc}"
         assert str(exc).startswith(where), f"expected the error to name {where!r}, got {exc}"
+        assert mentions in str(exc), f"expected the error to mention {mentions!r}, got {exc}"
         return
     assert kind not in ALWAYS_BAD, f"{kind} mutation was accepted: {doc}"
     assert counts == {section: len(doc[section]) for section in ("retry_policies", "lanes", "task_types")}
