@@ -16,7 +16,8 @@ from django.dispatch import Signal
 message_unreadable = Signal()
 
 #: Names that lived here before issue 14 (the config-version bump), now in ``lanes.config_version``.
-_MOVED = {"bump_config_version", "bump_db_revision", "ConfigVersionNotPublished", "BUMP_RETRY_DELAYS_S"}
+_MOVED = {"bump_config_version", "bump_db_revision", "bump_failures_reported_to", "ConfigVersionNotPublished",
+          "BUMP_RETRY_DELAYS_S"}
 
 
 def __getattr__(name: str) -> Any:
