@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.contrib import admin, messages
+from django.contrib import messages
 
 from lanes.config_version import ConfigVersionNotPublished, bump_failures_reported_to
 
 if TYPE_CHECKING:  # the type checker sees the ModelAdmin this mixin is used with
-    _AdminBase = admin.ModelAdmin
+    from django.contrib.admin import ModelAdmin as _AdminBase
 else:
     _AdminBase = object
 
