@@ -30,6 +30,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	@$(BIN)/ruff check .
+	@$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) staticfiles .pytest_cache

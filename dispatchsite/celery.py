@@ -1,4 +1,13 @@
-"""The one Celery app of the platform; configuration comes from Django settings."""
+"""The one Celery app of the platform, and the one place worker steps are wired.
+
+Configuration comes from Django settings. The apps reach this app through
+``celery.current_app`` / ``shared_task``, never by importing this module; their
+tasks, handlers and signal receivers are bound in their ``ready()``
+(``TasksConfig``: the handler registry, ``tasks.receivers.connect()``).
+
+Worker bootsteps are named by path: Celery resolves them when a worker starts,
+after Django's apps are ready, so nothing here imports an app.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +19,13 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
 
 app = Celery("dispatchsite")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.conf.imports = ("tasks.dispatch", "tasks.handlers", "tasks.maintenance", "lanes.worker")
 
-# Worker steps of the apps above tasks (they register nothing when imported).
-from ops.worker_steps import MetricsSamplerStep  # noqa: E402  (wired here: the dashboard charts' sampler)
-
-app.steps["worker"].add(MetricsSamplerStep)
+#: Threads and checks every worker runs (see each class's docstring).
+WORKER_STEPS = (
+    "tasks.maintenance:MaintenanceStep",  # promote retries, expire, sweep leases, audit chats
+    "lanes.worker:StackDumpStep",  # kill -USR2 dumps every thread's stack
+    "lanes.worker:PausedLanesStep",  # a paused lane is not consumed at start
+    "lanes.worker:HeartbeatStep",  # heartbeats; the catch-all worker adopts unheld lanes
+    "ops.worker_steps:MetricsSamplerStep",  # depth/throughput samples for the dashboard charts (ops)
+)
+app.steps["worker"].update(WORKER_STEPS)

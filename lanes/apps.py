@@ -1,4 +1,6 @@
-import importlib
+"""The lanes app's wiring: a save or delete of a ``Lane`` bumps the config version."""
+
+from __future__ import annotations
 
 from django.apps import AppConfig
 
@@ -9,11 +11,8 @@ class LanesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django.conf import settings
+        # inner import: these modules import models, which load after the AppConfig classes
+        from lanes import config_version
+        from lanes.models import Lane
 
-        from lanes import receivers, signals  # noqa: F401  (config version bumps, rejection counts)
-
-        # Modules whose receivers must be connected in every process, workers
-        # included (worker-side signals fire in the worker): DISPATCH_HOOK_MODULES.
-        for module in getattr(settings, "DISPATCH_HOOK_MODULES", ()):
-            importlib.import_module(module)
+        config_version.connect(Lane)

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django.contrib import messages
 
-from lanes.signals import ConfigVersionNotPublished, bump_failures_reported_to
+from lanes.config_version import ConfigVersionNotPublished, bump_failures_reported_to
+
+if TYPE_CHECKING:  # the type checker sees the ModelAdmin this mixin is used with
+    from django.contrib.admin import ModelAdmin as _AdminBase
+else:
+    _AdminBase = object
 
 
-class ConfigSaveWarningMixin:
+class ConfigSaveWarningMixin(_AdminBase):
     """A ModelAdmin mixin: a change whose config-version bump fails is kept, with a warning instead of a 500."""
 
     def _warn_on_bump_failure(self, request):

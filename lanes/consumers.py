@@ -149,7 +149,7 @@ def read_workers(client: Redis, now: float) -> list[Heartbeat]:
     names = client.zrangebyscore(keys.WORKERS, int(now * 1000), "+inf")
     if not names:
         return []
-    raw = client.mget([keys.worker_heartbeat(n.decode() if isinstance(n, bytes) else n) for n in names])
+    raw = client.mget([keys.worker_heartbeat(n.decode() if isinstance(n, bytes) else str(n)) for n in names])
     beats = []
     for value in raw:
         if not value:

@@ -17,6 +17,10 @@ METRICS_TOTAL = PREFIX + "m:total"
 REJECTIONS_RECENT = PREFIX + "m:rejections"
 LANE_CONTROL_LOG = PREFIX + "lane-log"
 CHAT_AUDIT_CURSOR = PREFIX + "chat-audit-cursor"
+#: Prefix of every per-chat key (chat queues and chat-scoped task records).
+CHAT_PREFIX = PREFIX + "chat:"
+#: kombu's Redis hash of reserved (delivered, unacknowledged) messages, by delivery tag.
+BROKER_UNACKED = "unacked"
 
 
 def chat_tag(chat_id: str) -> str:

@@ -6,7 +6,7 @@ costs no Redis call between its pop and its ack.
 Stock kombu keeps a copy of every delivered message in Redis (its unacked hash,
 one pipelined call on receipt, another on ack) so that it can hand it back
 after the visibility timeout if its worker dies. A platform task does not need
-it: its record already carries the message under a lease (``lanes/scripts``):
+it: its record already carries the message under a lease (``lanes/lua``):
 queued until the claim, renewed while it runs, and, once finished, until its
 result row is stored; the recovery sweep republishes it when a lease runs out,
 and the claim lets exactly one copy run. So a message marked as leased
@@ -17,8 +17,9 @@ from memory. Any other message (Celery's own tasks) keeps kombu's handling.
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
 worker exits with "Unrecoverable error", and JSON without the fields kombu needs
-reads as a lost connection. Here such a message is logged, kept as a
-``malformed`` dead letter, and dropped; the worker goes on.
+reads as a lost connection. Here such a message is logged, reported through
+``lanes.signals.message_unreadable`` (the tasks app keeps it as a ``malformed``
+dead letter), and dropped; the worker goes on.
 
 Stock kombu frees a message's prefetch slot only after its ack reached Redis.
 An ack that timed out (Redis frozen, fault scenario 4) kept its slot forever:
@@ -32,21 +33,24 @@ refused or re-stored by the claim (``start.lua``), never run twice.
 from __future__ import annotations
 
 import logging
+import uuid
 
 import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
+from lanes.signals import message_unreadable
+
 logger = logging.getLogger(__name__)
 
 #: Header of a message whose task Redis already tracks with a lease (its record,
-#: written by the platform's scripts); set by ``tasks.messages``.
+#: written by the platform's scripts); set by ``lanes.messages``.
 LEASED_HEADER = "dispatch_leased"
 
 
 class QoS(kombu_redis.QoS):
     def _leased(self, delivery_tag) -> bool:
-        message = self._delivered.get(delivery_tag)
+        message = self._delivered.get(delivery_tag)  # type: ignore[attr-defined]  # kombu sets it per instance
         return message is not None and message.headers.get(LEASED_HEADER) is True
 
     def append(self, message, delivery_tag):
@@ -133,22 +137,23 @@ class Channel(kombu_redis.Channel):
             raise
         except Exception as exc:  # noqa: BLE001 - any undecodable message must not end the worker
             logger.error("undecodable_message_dropped error=%r", exc)
-            _record_garbage(exc)
+            _report_unreadable(exc)
             return True
 
 
-def _record_garbage(exc: Exception) -> None:
-    try:
-        import uuid
+def _report_unreadable(exc: Exception) -> None:
+    """Tell the receivers of ``message_unreadable`` (the dead-letter recorder); never raise."""
+    responses = message_unreadable.send_robust(
+        sender=Transport, task_id=f"malformed-{uuid.uuid4()}",
+        message=f"a message on a lane queue could not be decoded: {exc!r}", exc=exc,
+    )
+    for receiver, response in responses:
+        if isinstance(response, Exception):
+            logger.error("malformed_record_failed receiver=%r", receiver, exc_info=response)
 
-        from tasks import dead_letters
 
-        dead_letters.record(
-            task_id=f"malformed-{uuid.uuid4()}", task_type="?", lane="", reason="malformed",
-            message=f"a message on a lane queue could not be decoded: {exc!r}", exc=exc,
-        )
-    except Exception:
-        logger.exception("malformed_record_failed")
+#: The channel class above, by a name the Transport's ``Channel`` attribute does not shadow.
+LaneChannel = Channel
 
 
 class UndeliverableMessage(Exception):
@@ -157,7 +162,7 @@ class UndeliverableMessage(Exception):
 
 class Transport(kombu_redis.Transport):
     Channel = Channel
-    closing_channel: Channel | None = None
+    closing_channel: LaneChannel | None = None
 
     def _reject_inbound_message(self, raw_message):
         if self.channels or self.closing_channel is None:

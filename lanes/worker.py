@@ -1,4 +1,4 @@
-"""Worker bootsteps of the operator's view (imported by the Celery app's ``imports``).
+"""Worker bootsteps of the engine (wired by path in ``dispatchsite.celery``).
 
 - A worker that starts while one of its lanes is paused does not consume it,
   and joins the lane's paused workers so ``resume`` starts it there too.
@@ -29,8 +29,9 @@ import time
 from celery import bootsteps
 from django.conf import settings
 
-from dispatchsite.celery import app
 from lanes import consumers, keys
+from lanes.models import Lane
+from lanes.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ class PausedLanesStep(bootsteps.Step):
     """Deselect paused lanes before the consumer starts."""
 
     def __init__(self, worker, **kwargs):
-        from lanes.redis_client import get_redis
-
         try:
             client = get_redis()
             paused = {m.decode() for m in client.smembers(keys.PAUSED_LANES)}
@@ -83,8 +82,6 @@ class HeartbeatStep(bootsteps.StartStopStep):
             return
         self.stopping.set()
         try:
-            from lanes.redis_client import get_redis
-
             consumers.clear_heartbeat(get_redis(), worker.hostname, self.reported)
         except Exception:  # the beat expires by itself
             logger.warning("heartbeat_clear_failed", exc_info=True)
@@ -104,8 +101,6 @@ class HeartbeatStep(bootsteps.StartStopStep):
         return sorted(self.reported)
 
     def _tick(self) -> None:
-        from lanes.redis_client import get_redis
-
         try:
             client = get_redis()
             now = time.time()
@@ -123,8 +118,6 @@ class HeartbeatStep(bootsteps.StartStopStep):
 
     def _configured_lanes(self, client) -> list[str]:
         """Lane names, read again from the database only when the config version moved."""
-        from lanes.models import Lane
-
         version = client.get(keys.CONFIG_VERSION)
         if version != self._lanes[0]:
             self._lanes = (version, list(Lane.objects.values_list("name", flat=True)))
@@ -160,7 +153,3 @@ def _safely(call, lane: str) -> None:
     except Exception:
         logger.exception("catch_all_queue_change_failed lane=%s", lane)
 
-
-app.steps["worker"].add(StackDumpStep)
-app.steps["worker"].add(PausedLanesStep)
-app.steps["worker"].add(HeartbeatStep)

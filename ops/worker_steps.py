@@ -1,6 +1,6 @@
 """The worker bootstep that samples every lane for the dashboard charts (``MetricsSamplerStep``).
 
-Wired in dispatchsite/celery.py (``app.steps["worker"].add``): importing this
+Wired in dispatchsite/celery.py (``WORKER_STEPS``, by path): importing this
 module registers nothing. One process at a time takes a sample, through a short
 Redis lock (``ops.metrics.maybe_sample``), so many workers sample no more often
 than one would.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import cast
 
 from django.db import DatabaseError
 
@@ -65,12 +66,13 @@ _next_db_check = 0.0
 
 
 def _db_revision() -> int:
-    from lanes.models import ConfigRevision
+    from lanes.models import ConfigRevision  # inner import: tasks.dispatch imports this before apps are ready
 
     return ConfigRevision.objects.filter(pk=1).values_list("revision", flat=True).first() or 0
 
 
 def _load(version: str) -> Snapshot:
+    # inner import: tasks.dispatch imports this module, and callers may import it before apps are ready
     from lanes.models import Lane
     from tasks.models import TaskType
 
@@ -130,9 +132,8 @@ def reload(version: str | None = None) -> Snapshot:
     with _lock:
         if version is None or _snapshot is None or _snapshot.version != version:
             _next_db_check = time.monotonic() + DB_CHECK_INTERVAL_S
-            fresh_version = get_redis().get(keys.CONFIG_VERSION)
-            fresh_version = fresh_version.decode() if fresh_version else "0"
-            _snapshot = _load(fresh_version)
+            stored = cast("bytes | None", get_redis().get(keys.CONFIG_VERSION))
+            _snapshot = _load(stored.decode() if stored else "0")
         return _snapshot
 
 
@@ -152,5 +153,5 @@ def forget() -> None:
 
 def refresh_if_changed() -> Snapshot:
     """Compare with the version in Redis (one GET) and reload when it moved."""
-    version = get_redis().get(keys.CONFIG_VERSION)
+    version = cast("bytes | None", get_redis().get(keys.CONFIG_VERSION))
     return ensure(version.decode() if version else "0")

@@ -62,7 +62,7 @@ def _save(where: str, obj: Any) -> None:
     obj.save()
 
 
-def _fetch_and_set(where: str, model: type, entry: dict, fields: tuple[str, ...]) -> Any:
+def _fetch_and_set(where: str, model: type[Any], entry: dict, fields: tuple[str, ...]) -> Any:
     """The row named ``entry['name']`` (or a new one) with the entry's fields set on it.
 
     Each value is converted by its model field first, so a wrong type is named here

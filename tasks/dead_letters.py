@@ -11,7 +11,9 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django_celery_results.models import TaskResult
 
+from tasks.dispatch import DispatchResult, admit
 from tasks.models import DeadLetter
 
 logger = logging.getLogger(__name__)
@@ -78,8 +80,6 @@ def _already_finished(task_id: str) -> bool:
     Its Redis record is removed only after its result row is stored (forget.lua),
     so a task of that id is either still in Redis (admission sees it) or found here.
     """
-    from django_celery_results.models import TaskResult
-
     return (TaskResult.objects.filter(task_id=task_id).exists()
             or DeadLetter.objects.filter(task_id=task_id).exists())
 
@@ -90,8 +90,6 @@ def requeue(row: DeadLetter, actor: str) -> str:
     Idempotent per row: repeating a requeue whose outcome was lost links the
     task the first attempt made (see :func:`requeue_task_id`), never a second.
     """
-    from tasks.dispatch import DispatchResult, admit
-
     with transaction.atomic():
         locked = DeadLetter.objects.select_for_update().get(pk=row.pk)
         if locked.status != DeadLetter.Status.DEAD:
@@ -115,7 +113,7 @@ def requeue(row: DeadLetter, actor: str) -> str:
         locked.resolved_by = actor[:150]
         locked.save(update_fields=["status", "requeued_task_id", "resolved_at", "resolved_by"])
     logger.info("dead_letter_requeued task=%s new_task=%s by=%s", row.task_id, result.task_id, actor)
-    return result.task_id
+    return locked.requeued_task_id
 
 
 def discard(row: DeadLetter, actor: str) -> None:

@@ -17,17 +17,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
-from celery import Task
+from celery import Task, current_app, shared_task
 from celery.result import AsyncResult
 from django.conf import settings
 
-from dispatchsite.celery import app
-from lanes import keys, scripts
 from lanes.consumers import no_consumer_detail
+from lanes.lua.admit import admit as lua_admit
+from lanes.messages import Envelope, build_message
 from lanes.priorities import to_kombu
-from tasks import config, hooks
+from tasks import config
+from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay
-from tasks.messages import Envelope, build_message
 from tasks.validation import Invalid, check_dispatch, shown
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class DispatchResult:
         return self.async_result().get(timeout=timeout, propagate=propagate, interval=interval)
 
     def async_result(self) -> AsyncResult:
-        return AsyncResult(self.task_id, app=app)
+        return AsyncResult(self.task_id, app=current_app._get_current_object())
 
     @property
     def id(self) -> str | None:
@@ -64,7 +64,7 @@ class DispatchResult:
 
 def _rejected(type_name: str, lane: str, reason: str, detail: str) -> DispatchResult:
     result = DispatchResult(accepted=False, reason=reason, detail=detail)
-    hooks.emit_rejected(type_name, lane, reason, detail)
+    lifecycle.emit_rejected(type_name, lane, reason, detail)
     return result
 
 
@@ -131,29 +131,16 @@ def admit(
         soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
         message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit)
         kombu_priority = to_kombu(checked.priority)
-        minute = int(now // 60)
-        record = keys.task_record(task_id, chat or None)
-        idem_key = keys.idempotency(tc.name, checked.idempotency_key) if checked.idempotency_key else record
-        chat_key = keys.chat_queue(chat) if chat else record
         try:
-            reply = scripts.call(
-                "admit",
-                [
-                    keys.CONFIG_VERSION, record, keys.LEASES, idem_key, chat_key,
-                    keys.lane_chat_waiting(tc.lane), keys.lane_delayed(tc.lane), keys.METRICS_TOTAL,
-                    keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(tc.lane),
-                    keys.metrics_minute(minute - 1),
-                    keys.legacy_idempotency(tc.name, checked.idempotency_key) if checked.idempotency_key else record,
-                    keys.DEADLINES, keys.PAUSED_LANES, keys.lane_consumers(tc.lane),
-                ],
-                [
-                    snap.version, int(now * 1000), task_id, message, kombu_priority,
-                    "1" if lane is None or lane.accepting else "0",
-                    lane.capacity if lane else 0, chat, tc.chat_queue_size,
-                    payload_digest(checked.payload_json) if checked.idempotency_key else "",
-                    tc.idempotency_window_s, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-                    tc.lane, tc.name, "1" if _replace_idempotency else "0", int(envelope.deadline * 1000),
-                ],
+            reply = lua_admit(
+                version=snap.version, now=now, task_id=task_id, message=message, kombu_priority=kombu_priority,
+                lane=tc.lane, task_type=tc.name, accepting=lane is None or lane.accepting,
+                capacity=lane.capacity if lane else 0, chat=chat, chat_queue_size=tc.chat_queue_size,
+                idempotency_key=checked.idempotency_key or "",
+                payload_digest=payload_digest(checked.payload_json) if checked.idempotency_key else "",
+                idempotency_window_s=tc.idempotency_window_s,
+                queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+                replace_idempotency=_replace_idempotency, deadline=envelope.deadline,
             )
         except redis.RedisError as exc:
             logger.warning("dispatch_unavailable type=%s error=%s", tc.name, exc)
@@ -214,7 +201,7 @@ def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, chec
         why = no_consumer_detail(tc.lane)
     result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
                             estimated_delay=estimated)
-    hooks.emit_queued(task_id, tc, checked.chat_id if tc.chat_scoped else "", now)
+    lifecycle.emit_queued(task_id, tc.name, tc.lane, checked.chat_id if tc.chat_scoped else "")
     return result
 
 
@@ -228,7 +215,7 @@ class DispatchTask(Task):
         return admit(*(args or ()), **(kwargs or {}))
 
 
-@app.task(base=DispatchTask, name="tasks.dispatch", typing=False)
+@shared_task(base=DispatchTask, name="tasks.dispatch", typing=False)
 def dispatch(task_type: Any = None, payload: Any = None, **options: Any) -> dict[str, Any]:
     """Run by an ``ingress`` worker for callers that send ``tasks.dispatch`` by name."""
     allowed = {"chat_id", "priority", "idempotency_key", "timeout", "metadata"}

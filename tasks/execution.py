@@ -1,10 +1,10 @@
-"""What a worker does with one delivered task, around the handler.
+"""Running one delivered task: ``HandlerTask``, the base of every handler's Celery task.
 
 claim (start.lua) -> deadline check -> handler with a time limit -> one of:
 success (finish.lua hands the chat on), retry (retry.lua parks the next
 attempt in Redis), or dead letter (row, then finish.lua). Every step is one
 Redis call; the only SQL on the success path is Celery's result row, after
-which the finished record is settled (batched: tasks.leases).
+which the finished record is settled (batched: lanes.leases).
 
 The lease is held from the claim until the outcome is in Redis, and an outcome
 call that Redis did not answer is sent again (both scripts are safe to run
@@ -20,47 +20,31 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
+from typing import Any, NoReturn
 
 import redis
 from billiard.exceptions import SoftTimeLimitExceeded
-from celery import Task, signals, states
+from celery import Task, states
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
-from lanes import keys, metrics, scripts
+from lanes import keys, leases, metrics
 from lanes.histogram import bucket_label
+from lanes.lua.finish import finish as lua_finish
+from lanes.lua.retry import retry as lua_retry
+from lanes.lua.start import start as lua_start
+from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
-from tasks import config, dead_letters, hooks, leases, validation
+from tasks import config, dead_letters, validation
+from tasks import signals as lifecycle
+from tasks.context import Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
 from tasks.links import dead_letter_admin_url
-from tasks.messages import Envelope, build_message
 from tasks.retry import decide_retry
 from tasks.validation import encode_json
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Context:
-    """What a handler knows about the task it runs."""
-
-    task_id: str
-    type: str
-    lane: str
-    chat_id: str
-    attempt: int
-    deadline: float
-    attempt_deadline: float
-    idempotency_key: str
-    metadata: dict = field(default_factory=dict)
-    options: dict = field(default_factory=dict)
-
-    @property
-    def remaining(self) -> float:
-        """Seconds left for this attempt (its limit, or the task's deadline if sooner)."""
-        return max(0.0, self.attempt_deadline - time.time())
 
 
 class HandlerTask(Task):
@@ -75,7 +59,7 @@ class HandlerTask(Task):
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Celery calls this once the result row is stored: the finished record
-        # may go (tasks.leases.settle). When the row could not be stored (no
+        # may go (lanes.leases.settle). When the row could not be stored (no
         # call here) or a failure to store it was stored instead (another
         # state), the record stays: its lease runs out and a copy stores the row.
         settle = getattr(self.request, "dispatch_settle", None)
@@ -83,17 +67,7 @@ class HandlerTask(Task):
             leases.settle(settle[0])
 
 
-@signals.worker_process_shutdown.connect(weak=False)
-@signals.worker_shutdown.connect(weak=False)
-def _settle_before_exit(**_: Any) -> None:
-    leases.settle_now()
-
-
-def _minute_keys(now: float) -> str:
-    return keys.metrics_minute(int(now // 60))
-
-
-def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> None:
+def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> NoReturn:
     env = raw if isinstance(raw, dict) else {}
     _record_dead_letter(
         task_id=task.request.id or "unknown", task_type=str(env.get("type", task.name))[:100],
@@ -156,7 +130,7 @@ class _Run:
             deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or self.task_id,
             metadata=env.meta or {}, options=tc.options,
         )
-        hooks.emit(hooks.task_started, lambda: self._info(now))
+        lifecycle.emit(lifecycle.task_started, lambda: self._info(now))
         leases.hold(self.record)
         try:
             result, result_json = self._attempt(tc, ctx, limit)
@@ -164,7 +138,7 @@ class _Run:
         finally:
             leases.release(self.record)
         finished_at = time.time()
-        hooks.emit(hooks.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
+        lifecycle.emit(lifecycle.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
         return result
 
     def _attempt(self, tc: config.TypeConf, ctx: Context, limit: float) -> tuple[Any, str]:
@@ -190,14 +164,11 @@ class _Run:
         owner = leases.owner_id()
         qlat = now - env.dispatched_at
         for _ in range(2):
-            reply = scripts.call(
-                "start",
-                [self.record, keys.LEASES, keys.METRICS_TOTAL, _minute_keys(now), keys.CONFIG_VERSION,
-                 keys.chat_queue(env.chat) if env.chat else self.record, keys.tombstone(self.task_id),
-                 keys.DEADLINES],
-                [self.task_id, env.attempt, owner, int(now * 1000),
-                 int(settings.DISPATCH_LEASE_S * 1000), settings.DISPATCH_MAX_DELIVERIES, dead_owner,
-                 self.field, bucket_label(qlat) if env.attempt == 1 else "", f"{qlat:.6f}"],
+            reply = lua_start(
+                task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner, now=now,
+                lease_ms=int(settings.DISPATCH_LEASE_S * 1000), max_deliveries=settings.DISPATCH_MAX_DELIVERIES,
+                dead_owner=dead_owner, metric_field=self.field,
+                queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
             )
             status = reply[0].decode()
             if status == "run":
@@ -221,7 +192,7 @@ class _Run:
         logger.info("delivery_skipped task=%s status=%s", self.task_id, status)
         raise Ignore()
 
-    def _failed(self, tc: config.TypeConf, exc: BaseException, cause: BaseException | None = None) -> None:
+    def _failed(self, tc: config.TypeConf, exc: BaseException, cause: BaseException | None = None) -> NoReturn:
         env = self.env
         now = time.time()
         retry_after = exc.retry_after_s if isinstance(exc, RetryableError) else None
@@ -232,23 +203,21 @@ class _Run:
         next_env = replace(env, attempt=env.attempt + 1)
         soft_limit = min(tc.attempt_timeout_s, max(0.001, env.deadline - now))
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
-        reply = _until_answered(lambda: scripts.call(
-            "retry",
-            [self.record, keys.LEASES, keys.lane_delayed(env.lane), keys.METRICS_TOTAL, _minute_keys(now),
-             keys.DEADLINES],
-            [next_env.attempt, message, int((now + decision.delay_s) * 1000),
-             int(settings.DISPATCH_QUEUED_LEASE_S * 1000), self.field, self.owner],
+        reply = _until_answered(lambda: lua_retry(
+            record=self.record, lane=env.lane, now=now, next_attempt=next_env.attempt, message=message,
+            due=now + decision.delay_s, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+            metric_field=self.field, owner=self.owner,
         ), "retry", self.task_id)
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
             raise Ignore()
         logger.info("retry_scheduled task=%s attempt=%d delay=%.3fs error=%r",
                     self.task_id, env.attempt, decision.delay_s, exc)
-        hooks.emit(hooks.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
+        lifecycle.emit(lifecycle.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
                                                            detail=str(exc)))
         raise Retry(str(exc) or type(exc).__name__, exc=_portable(exc), when=decision.delay_s)
 
-    def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> None:
+    def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> NoReturn:
         env = self.env
         # The task ends dead in Redis whether or not its row could be written: a row
         # that cannot be stored must not leave the task running (redelivered, run
@@ -262,23 +231,20 @@ class _Run:
                                        admin_url=dead_letter_admin_url(self.task_id))
         self._finish("dead", json.dumps(str(failure)), reason)
         died_at = time.time()
-        hooks.emit(hooks.task_finished, lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
+        lifecycle.emit(lifecycle.task_finished,
+                       lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
         raise failure
 
     def _finish(self, outcome: str, result_json: str, reason: str) -> None:
         env = self.env
         now = time.time()
         xlat = now - self.started_at if self.started_at else None
-        reply = _until_answered(lambda: scripts.call(
-            "finish",
-            [self.record, keys.LEASES, keys.chat_queue(env.chat) if env.chat else self.record,
-             keys.chat_index(), keys.METRICS_TOTAL, _minute_keys(now), keys.tombstone(self.task_id),
-             keys.DEADLINES],
-            [self.task_id, outcome, _bounded(result_json), int(now * 1000), _tombstone_ttl_s(),
-             int(settings.DISPATCH_QUEUED_LEASE_S * 1000), env.chat,
-             keys.chat_record_prefix(env.chat) if env.chat else "", self.field, reason,
-             bucket_label(xlat) if xlat is not None else "", keys.lane_chat_waiting(""),
-             f"{xlat or 0:.6f}", self.owner, int(settings.DISPATCH_LEASE_S * 1000)],
+        reply = _until_answered(lambda: lua_finish(
+            task_id=self.task_id, record=self.record, chat=env.chat, outcome=outcome,
+            result_json=_bounded(result_json), now=now, tombstone_ttl_s=_tombstone_ttl_s(),
+            queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000), metric_field=self.field, reason=reason,
+            execution_latency_bucket=bucket_label(xlat) if xlat is not None else "",
+            execution_latency_s=xlat or 0, owner=self.owner, settle_lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
         ), "finish", self.task_id)
         if reply[0] == b"taken":
             # Our lease ran out while Redis was away and another worker claimed the
@@ -287,11 +253,11 @@ class _Run:
             raise Ignore()
         self.task.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
 
-    def _info(self, now: float, **extra: Any) -> hooks.TaskInfo:
+    def _info(self, now: float, **extra: Any) -> lifecycle.TaskInfo:
         env = self.env
         qlat = (self.started_at or now) - env.dispatched_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
-        return hooks.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
+        return lifecycle.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
 
 
 def _record_dead_letter(**row: Any) -> None:
@@ -308,14 +274,14 @@ def _record_dead_letter(**row: Any) -> None:
     except Exception as exc:  # noqa: BLE001 - the task must still end (see _die)
         first = exc
         logger.error("dead_letter_write_failed task=%s error=%r; retrying with escaped values", row["task_id"], exc)
-    exc = row.pop("exc", None)
+    original = row.pop("exc", None)
     note = (f"[dead-letter row refused as written ({type(first).__name__}: {first}); payload and metadata "
             f"kept as escaped text] ")
-    safe = {
+    safe: dict[str, Any] = {
         **{k: validation.scrub_text(v) if isinstance(v, str) else v for k, v in row.items()},
         "payload": {"unstorable_payload": validation.scrub_text(repr(row.get("payload")))[:100_000]},
         "metadata": {"unstorable_metadata": validation.scrub_text(repr(row.get("metadata")))[:10_000]},
-        "message": validation.scrub_text(note + (row.get("message") or (str(exc) if exc else ""))),
+        "message": validation.scrub_text(note + (row.get("message") or (str(original) if original else ""))),
     }
     try:
         dead_letters.record(**safe)

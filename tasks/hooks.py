@@ -1,68 +1,12 @@
-"""Lifecycle signals: ``task_queued``, ``task_rejected``, ``task_started``, ``task_finished``.
+"""Alias of ``tasks.signals`` (the lifecycle signals), kept for receivers written before issue 14.
 
-Each is sent with ``info=TaskInfo(...)``. Receivers run in the process where the
-event happens (the caller for queued/rejected, the worker for started/finished);
-they are called with ``send_robust``, so a receiver that raises is logged and
-never breaks dispatch or execution. Connect like any Django signal::
-
-    from tasks.hooks import task_finished
-
-    @receiver(task_finished)
-    def on_finished(sender, info, **kwargs):
-        if info.outcome == "dead": alert(info.task_id, info.reason)
+Modules listed in ``DISPATCH_HOOK_MODULES`` import the signals from here
+(``from tasks.hooks import task_finished``); that keeps working. New code
+imports ``tasks.signals``.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from tasks.signals import TaskInfo, emit, task_finished, task_queued, task_rejected, task_started
 
-from django.dispatch import Signal
-
-logger = logging.getLogger(__name__)
-
-task_queued = Signal()
-task_rejected = Signal()
-task_started = Signal()
-task_finished = Signal()
-
-
-@dataclass(frozen=True)
-class TaskInfo:
-    task_id: str | None
-    type: str
-    lane: str
-    chat_id: str = ""
-    attempt: int = 0
-    #: Seconds from dispatch to the start of this attempt (started/finished).
-    queue_latency_s: float | None = None
-    #: Seconds the handler ran (finished).
-    execution_latency_s: float | None = None
-    #: ``succeeded`` | ``retrying`` | ``dead`` (finished).
-    outcome: str = ""
-    #: Rejection or dead-letter reason.
-    reason: str = ""
-    detail: str = ""
-
-
-def _send(signal: Signal, info: TaskInfo) -> None:
-    if not signal.has_listeners():
-        return
-    for receiver, response in signal.send_robust(sender=TaskInfo, info=info):
-        if isinstance(response, Exception):
-            logger.error("hook_receiver_failed receiver=%r error=%r", receiver, response)
-
-
-def emit_queued(task_id: str, tc, chat_id: str, now: float) -> None:
-    _send(task_queued, TaskInfo(task_id, tc.name, tc.lane, chat_id))
-
-
-def emit_rejected(type_name: str, lane: str, reason: str, detail: str) -> None:
-    _send(task_rejected, TaskInfo(None, type_name, lane, reason=reason, detail=detail))
-
-
-def emit(signal: Signal, make_info: Callable[[], TaskInfo]) -> None:
-    """Send ``signal`` with the info ``make_info`` builds, only if anyone listens."""
-    if signal.has_listeners():
-        _send(signal, make_info())
+__all__ = ["TaskInfo", "emit", "task_finished", "task_queued", "task_rejected", "task_started"]

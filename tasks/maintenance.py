@@ -1,5 +1,5 @@
-"""Background upkeep: move due retries onto lanes, expire waiting tasks past their
-deadline, recover expired leases, purge old rows.
+"""Background upkeep (``MaintenanceStep``, beat's thread): move due retries onto lanes,
+expire waiting tasks past their deadline, recover expired leases, purge old rows.
 
 Each worker runs it in a thread, whatever lanes it consumes (every step covers
 all lanes): retries are promoted and deadlines enforced within a fraction of a
@@ -19,20 +19,25 @@ import threading
 import time
 from typing import Any
 
-from celery import bootsteps, signals, states
+from celery import bootsteps, current_app, shared_task, states
 from django.conf import settings
 
-from dispatchsite.celery import app
 from lanes import keys, metrics
+from lanes.lua.audit import audit as lua_audit
+from lanes.lua.expire import expire as lua_expire
+from lanes.lua.forget import forget_expired_pending
+from lanes.lua.promote import promote
+from lanes.lua.sweep import sweep as lua_sweep
 from lanes.redis_client import get_redis
-from lanes.scripts import script
-from tasks import config, hooks
+from tasks import config, dead_letters
+from tasks import signals as lifecycle
 from tasks.errors import DeadLettered
+from tasks.execution import _tombstone_ttl_s
 
 logger = logging.getLogger(__name__)
 BATCH = 500
-#: kombu's Redis hash of reserved (delivered, unacknowledged) messages, by delivery tag.
-BROKER_UNACKED_KEY = "unacked"
+#: kombu's Redis hash of reserved messages (now ``lanes.keys.BROKER_UNACKED``; this name kept).
+BROKER_UNACKED_KEY = keys.BROKER_UNACKED
 #: How many entries of a lane list the sweep searches (from the consuming end) for a queued copy.
 SWEEP_SEARCH_DEPTH = 1000
 
@@ -44,29 +49,25 @@ def promote_due(lanes: list[str] | None = None) -> int:
     lease_ms = int(settings.DISPATCH_QUEUED_LEASE_S * 1000)
     moved = 0
     for lane in names:
-        moved += int(script("promote")(keys=[keys.lane_delayed(lane), keys.LEASES], args=[now_ms, BATCH, lease_ms]))
+        moved += promote(lane=lane, now_ms=now_ms, batch=BATCH, queued_lease_ms=lease_ms)
     return moved
 
 
 def sweep() -> tuple[int, int]:
     """Republish tasks whose lease expired; returns (republished, forgotten)."""
-    republished, forgotten, _waiting = script("sweep")(
-        keys=[keys.LEASES, keys.DEADLINES],
-        args=[int(time.time() * 1000), BATCH, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-              keys.lane_delayed(""), BROKER_UNACKED_KEY, SWEEP_SEARCH_DEPTH],
+    republished, forgotten, _waiting = lua_sweep(
+        now_ms=int(time.time() * 1000), batch=BATCH, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+        search_depth=SWEEP_SEARCH_DEPTH,
     )
     if republished:
         logger.warning("sweep_republished count=%d", republished)
-    return int(republished), int(forgotten)
+    return republished, forgotten
 
 
 def audit_chats(batch: int = 200) -> list[int]:
     """Check a batch of active chats for a head that cannot move; see audit.lua."""
-    result = [int(n) for n in script("audit")(
-        keys=[keys.chat_index(), keys.LEASES, keys.CHAT_AUDIT_CURSOR],
-        args=[int(time.time() * 1000), batch, int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-              keys.PREFIX + "chat:", keys.lane_chat_waiting("")],
-    )]
+    result = lua_audit(now_ms=int(time.time() * 1000), batch=batch,
+                       queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
     if any(result[1:]):
         logger.warning("chat_audit_repaired checked=%d handed_over=%d republished=%d dropped=%d", *result)
     return result
@@ -85,15 +86,11 @@ def expire_due(batch: int = BATCH) -> int:
     expire.lua's header: Redis first (atomic, the record kept as pending), the
     rows next (idempotent), then the records are settled.
     """
-    from tasks.execution import _tombstone_ttl_s
-
     error = DeadLettered.because("expired", EXPIRED_DETAIL)
-    reply = script("expire")(
-        keys=[keys.DEADLINES, keys.EXPIRED_PENDING, keys.LEASES, keys.chat_index(), keys.METRICS_TOTAL,
-              keys.metrics_minute(int(time.time() // 60))],
-        args=[int(time.time() * 1000), batch, json.dumps(str(error)), _tombstone_ttl_s(),
-              int(settings.DISPATCH_QUEUED_LEASE_S * 1000), keys.PREFIX + "chat:", keys.lane_chat_waiting(""),
-              keys.lane_delayed(""), keys.tombstone(""), int(EXPIRED_ROWS_RETRY_S * 1000), SWEEP_SEARCH_DEPTH],
+    reply = lua_expire(
+        now=time.time(), batch=batch, result_json=json.dumps(str(error)), tombstone_ttl_s=_tombstone_ttl_s(),
+        queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+        retry_rows_ms=int(EXPIRED_ROWS_RETRY_S * 1000), search_depth=SWEEP_SEARCH_DEPTH,
     )
     written = []
     for record, msg in zip(reply[::2], reply[1::2], strict=True):
@@ -104,21 +101,19 @@ def expire_due(batch: int = BATCH) -> int:
             continue
         written.append(record)
     if written:
-        script("forget")(keys=[keys.EXPIRED_PENDING, *written], args=[])
+        forget_expired_pending([record.decode() for record in written])
         logger.warning("expired_waiting count=%d", len(written))
     return len(written)
 
 
 def parse_stored_message(msg: bytes) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(task id, payload, envelope dict) of a message stored in a task record (tasks.messages)."""
+    """(task id, payload, envelope dict) of a message stored in a task record (lanes.messages)."""
     outer = json.loads(msg.replace(b"\0", b"").decode("utf-8"))
     _args, kwargs, _embed = json.loads(outer["body"])
     return outer["headers"]["id"], kwargs.get("payload"), kwargs.get("dispatch") or {}
 
 
 def _write_expired_rows(record: str, msg: bytes, error: DeadLettered) -> None:
-    from tasks import dead_letters
-
     task_id, payload, env = parse_stored_message(msg)
     dead_letters.record(
         task_id=task_id, task_type=str(env.get("type", "")), lane=str(env.get("lane", "")), reason="expired",
@@ -127,10 +122,10 @@ def _write_expired_rows(record: str, msg: bytes, error: DeadLettered) -> None:
         priority=int(env.get("priority", 5)), attempts=int(env.get("attempt", 1)),
         dispatched_at=env.get("dispatched_at"), message=EXPIRED_DETAIL,
     )
-    app.backend.store_result(task_id, error, states.FAILURE)
+    current_app.backend.store_result(task_id, error, states.FAILURE)
     dispatched_at = env.get("dispatched_at")
     queued_s = time.time() - dispatched_at if isinstance(dispatched_at, (int, float)) else None
-    hooks.emit(hooks.task_finished, lambda: hooks.TaskInfo(
+    lifecycle.emit(lifecycle.task_finished, lambda: lifecycle.TaskInfo(
         task_id, str(env.get("type", "")), str(env.get("lane", "")), str(env.get("chat") or ""),
         int(env.get("attempt", 1)), queued_s, None, outcome="dead", reason="expired", detail=EXPIRED_DETAIL))
 
@@ -146,17 +141,15 @@ def run_once(sweep_now: bool) -> dict[str, Any]:
     return done
 
 
-@app.task(name="tasks.maintenance", ignore_result=True)
+@shared_task(name="tasks.maintenance", ignore_result=True)
 def maintenance() -> dict:
     """One pass, by hand (``celery call tasks.maintenance``); beat no longer sends it."""
     return run_once(sweep_now=True)
 
 
-@app.task(name="tasks.purge_dead_letters", ignore_result=True)
+@shared_task(name="tasks.purge_dead_letters", ignore_result=True)
 def purge_dead_letters() -> int:
-    from tasks.dead_letters import purge_resolved
-
-    return purge_resolved()
+    return dead_letters.purge_resolved()
 
 
 def loop(stopping: threading.Event) -> None:
@@ -198,11 +191,8 @@ class MaintenanceStep(bootsteps.StartStopStep):
             self.stopping.set()
 
 
-@signals.beat_init.connect(weak=False)
-def _maintain_in_beat(**_: Any) -> None:
-    """Beat keeps upkeep going while no worker is up, in a thread: no task message."""
+def maintain_in_beat(**_: Any) -> None:
+    """Receiver of ``beat_init`` (``tasks.receivers``): beat keeps upkeep going while no worker
+    is up, in a thread: no task message."""
     start_thread("dispatch-maintenance-beat")
     logger.info("maintenance_in_beat interval=%.1fs", settings.DISPATCH_PROMOTE_INTERVAL_S)
-
-
-app.steps["worker"].add(MaintenanceStep)

@@ -1,20 +1,32 @@
-"""The handler registry: ``@handler("name")`` makes a function a Celery task on ``HandlerTask``.
+"""The handler registry: ``@handler("name")`` declares a handler; ``bind`` makes each a Celery task.
 
 A handler is ``func(payload: dict, ctx: Context) -> JSON-able``; raise
 ``RetryableError`` (optionally with ``retry_after_s``) to be retried by the type's
 policy, or ``NonRetryableError`` to give up. The admin offers exactly the
 registered names when an operator picks a task type's handler.
+
+Declaring a handler registers nothing with Celery (procrastinate's blueprint
+pattern): ``TasksConfig.ready()`` binds every declared handler to the Celery app
+as a task of that name on ``HandlerTask`` (so Flower shows it by name); a handler
+declared after that (a module a worker imports with ``-I``) is bound at once.
+The decorator returns the plain function.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from dispatchsite.celery import app
+from celery import Celery, Task
+
+from tasks.context import Context
+
+__all__ = ["Context", "HandlerSpec", "bind", "get", "handler", "handler_choices", "handler_names", "task",
+           "validate_options"]
 
 OptionsValidator = Callable[[dict], None]
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -26,9 +38,14 @@ class HandlerSpec:
     #: The option keys the handler reads; any other key is refused (a typo
     #: such as ``urll`` would otherwise be ignored). ``None``: not declared, not checked.
     option_keys: tuple[str, ...] | None = None
+    #: Options of the Celery task bound for it (``@handler("x", queue=...)``).
+    task_options: dict[str, Any] = field(default_factory=dict)
 
 
 _handlers: dict[str, HandlerSpec] = {}
+_tasks: dict[str, Task] = {}
+#: The app and base task class handlers are bound to, once ``bind`` ran.
+_bound_to: tuple[Celery, type[Task]] | None = None
 
 
 def handler(
@@ -37,25 +54,45 @@ def handler(
     validate_options: OptionsValidator | None = None,
     option_keys: tuple[str, ...] | None = None,
     **task_options: Any,
-):
-    """Register ``func`` as the handler ``name`` (also its Celery task name, shown in Flower).
+) -> Callable[[F], F]:
+    """Declare ``func`` as the handler ``name`` (also its Celery task name, shown in Flower).
 
     ``option_keys`` lists the task-type options the handler reads; others are refused.
     """
-    from tasks.execution import HandlerTask
 
-    def decorator(func: Callable[..., Any]) -> Any:
+    def decorator(func: F) -> F:
         if name in _handlers and _handlers[name].func is not func:
             raise ValueError(f"handler '{name}' is already registered")
-        task = app.task(
-            name=name, base=HandlerTask, handler_func=staticmethod(func), typing=False, **task_options
-        )(func)
         doc = (func.__doc__ or "").strip().splitlines()
-        _handlers[name] = HandlerSpec(name, func, validate_options, doc[0] if doc else "",
-                                      tuple(option_keys) if option_keys is not None else None)
-        return task
+        spec = HandlerSpec(name, func, validate_options, doc[0] if doc else "",
+                           tuple(option_keys) if option_keys is not None else None, dict(task_options))
+        _handlers[name] = spec
+        if _bound_to is not None:
+            _bind_one(spec, *_bound_to)
+        return func
 
     return decorator
+
+
+def bind(app: Celery, base: type[Task]) -> None:
+    """Make every declared handler (and each declared later) a task of ``app`` on ``base``."""
+    global _bound_to
+    _bound_to = (app, base)
+    for spec in list(_handlers.values()):
+        _bind_one(spec, app, base)
+
+
+def _bind_one(spec: HandlerSpec, app: Celery, base: type[Task]) -> None:
+    if spec.name in _tasks:
+        return
+    _tasks[spec.name] = app.task(
+        name=spec.name, base=base, handler_func=staticmethod(spec.func), typing=False, **spec.task_options
+    )(spec.func)
+
+
+def task(name: str) -> Task:
+    """The Celery task bound for handler ``name`` (KeyError before ``bind`` or for an unknown name)."""
+    return _tasks[name]
 
 
 def handler_names() -> list[str]:

@@ -72,7 +72,7 @@ def redact_url(url: object) -> str:
     scheme, sep, rest = text.partition("://")
     if not sep:
         scheme, rest = "", text
-    authority, tail = re.match(r"([^/?]*)(.*)", rest, re.S).groups()
+    authority, tail = re.match(r"([^/?]*)(.*)", rest, re.S).groups()  # type: ignore[union-attr]  # always matches
     if "@" in authority:  # userinfo, also the part past a backslash that parsers read differently
         authority = "***@" + authority.rsplit("@", 1)[1]
     path, qsep, query = tail.partition("?")

@@ -11,13 +11,13 @@ import uuid
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 
+from tasks import dead_letters
+
 logger = logging.getLogger(__name__)
 
 
 def _record(message, why: str) -> None:
     try:
-        from tasks import dead_letters
-
         headers = getattr(message, "headers", None) or {}
         delivery = getattr(message, "delivery_info", None) or {}
         body = getattr(message, "body", b"")

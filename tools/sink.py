@@ -21,7 +21,7 @@ from lanes import keys
 from lanes.forksafe import ForkSafeLock
 from lanes.redis_client import get_redis
 from tasks.errors import RetryableError
-from tasks.registry import handler
+from tasks.registry import Context, handler
 
 #: Seconds a run's record of applied messages is kept.
 RECORD_TTL_S = 3600
@@ -52,7 +52,7 @@ def _nth_of_run(run: str) -> int:
 
 
 @handler("loadtest.sink")
-def sink(payload: dict, ctx: Any) -> dict:
+def sink(payload: dict, ctx: Context) -> dict:
     """Sleep ``latency_ms``, fail retryably at ``fail_rate``, else record (chat, seq, key) as applied."""
     latency_ms = float(payload.get("latency_ms", 0) or 0)
     if latency_ms > 0:

@@ -2,21 +2,20 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
 from tasks.errors import NonRetryableError, RetryableError
-from tasks.registry import handler
+from tasks.registry import Context, handler
 
 
 @handler("demo.echo")
-def echo(payload: dict, ctx: Any) -> dict:
+def echo(payload: dict, ctx: Context) -> dict:
     """Return the payload; sleeps ``payload["sleep"]`` seconds first if given."""
     _sleep(payload)
     return payload
 
 
 @handler("demo.flaky")
-def flaky(payload: dict, ctx: Any) -> dict:
+def flaky(payload: dict, ctx: Context) -> dict:
     """Like demo.echo, but fails on request: for trying retries and dead letters.
 
     ``payload["fail"]``: ``"retry"`` fails retryably while ``ctx.attempt <=

@@ -15,7 +15,7 @@ from django.conf import settings
 
 from lanes.forksafe import ForkSafeLock
 from tasks.errors import NonRetryableError, RetryableError
-from tasks.registry import handler
+from tasks.registry import Context, handler
 from tasks.webhook_url import WebhookTarget, WebhookURLError, parse_webhook_url, pin_addresses, redact_url
 
 RETRYABLE_STATUSES = {408, 425, 429}
@@ -79,7 +79,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 
 
 @handler("http.post", validate_options=validate_options, option_keys=("url", "headers"))
-def post(payload: dict, ctx: Any) -> dict:
+def post(payload: dict, ctx: Context) -> dict:
     """POST the payload as JSON to options.url; 2xx succeeds, 408/425/429/5xx retry, other 4xx give up."""
     allow_list = settings.DISPATCH_WEBHOOK_ALLOWED_HOSTS
     try:

@@ -150,8 +150,8 @@ def test_08_hostile_input_at_every_door(start_worker, sink, rc, tmp_path, record
     from celery.result import AsyncResult
 
     from dispatchsite.celery import app
+    from lanes.messages import Envelope, build_message
     from tasks.dispatch import dispatch
-    from tasks.messages import Envelope, build_message
     from tasks.models import DeadLetter
 
     started = time.time()

@@ -161,7 +161,7 @@ def test_closed_lane_is_503_with_retry_after_and_disabled_type_is_409(api, echo_
     name = unique("api-closed")
     define(name, handler="demo.echo", lane=lane)
     Lane.objects.filter(name=lane).update(accepting=False)
-    from lanes.signals import bump_config_version
+    from lanes.config_version import bump_config_version
 
     bump_config_version()
     disabled = unique("api-off")

@@ -27,7 +27,7 @@ def redis_unreachable(monkeypatch):
 
 
 def test_closing_a_lane_with_redis_unreachable_says_so_and_is_seen_later(redis_unreachable, monkeypatch):
-    from lanes.signals import ConfigVersionNotPublished
+    from lanes.config_version import ConfigVersionNotPublished
     from tasks import config
 
     monkeypatch.setattr(config, "DB_CHECK_INTERVAL_S", 0.5)

@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from lanes import consumers, keys
-from lanes.signals import bump_config_version
+from lanes.config_version import bump_config_version
 from ops import control
 from tasks.dispatch import dispatch
 from tests.integration.test_metrics import scrape, value

@@ -105,7 +105,7 @@ def test_disallowed_host_is_refused_at_save_and_at_execution(sink):
     assert "options" in err.value.message_dict and "not allowed" in str(err.value)
     # Bypass validation (as a direct SQL edit would): execution refuses it again.
     TaskType.objects.filter(pk=tt.pk).update(options={"url": "http://example.com/hook"})
-    from lanes.signals import bump_config_version
+    from lanes.config_version import bump_config_version
 
     bump_config_version()
     result = dispatch.delay(name, {"x": 1})

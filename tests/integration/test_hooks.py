@@ -136,7 +136,7 @@ def test_rejections_fire_in_the_caller_and_a_raising_receiver_breaks_nothing(rc,
     bad = dispatch.delay(name, ["not", "an", "object"])
     assert not bad.accepted and bad.reason == "invalid_payload"
     Lane.objects.filter(name=lane).update(accepting=False)
-    from lanes.signals import bump_config_version
+    from lanes.config_version import bump_config_version
 
     bump_config_version()
     closed = dispatch.delay(name, {"x": 1})

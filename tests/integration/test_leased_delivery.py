@@ -2,7 +2,7 @@
 
 kombu keeps a copy of each delivered message in Redis (``unacked``) until the
 ack; for a platform task the record's lease does that job (``lanes.transport``,
-``finish.lua``, ``tasks.leases``). These tests hold the two halves of that
+``finish.lua``, ``lanes.leases``). These tests hold the two halves of that
 bargain: the broker calls are gone, and nothing that kombu's copy used to
 rescue is lost without it.
 """
@@ -154,7 +154,7 @@ def test_a_record_is_settled_only_when_the_row_stored_is_its_outcome(monkeypatch
     """If Celery could not store SUCCESS and stored a FAILURE about that instead, the record must
     stay, so that its copy stores the right row later."""
     from dispatchsite.celery import app
-    from tasks import leases
+    from lanes import leases
 
     settled: list[str] = []
     monkeypatch.setattr(leases, "settle", settled.append)

@@ -11,8 +11,8 @@ from django.core.management import call_command
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
+from lanes.config_version import bump_config_version
 from lanes.models import Lane
-from lanes.signals import bump_config_version
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, lane_depth, unique, wait_until
 

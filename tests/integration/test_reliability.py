@@ -222,7 +222,7 @@ def test_system_exit_and_unserializable_results_are_contained(start_worker):
 
 
 def test_malformed_messages_on_a_lane_are_recorded_not_run(start_worker, rc):
-    from tasks.messages import Envelope, build_message
+    from lanes.messages import Envelope, build_message
 
     name, lane = unique("malformed"), unique("l-malformed")
     define(name, handler="demo.flaky", lane=lane)

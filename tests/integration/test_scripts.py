@@ -1,11 +1,13 @@
-"""``lanes.scripts.call``: the lean script call used on every task's start and finish."""
+"""``lanes.lua.loader.call`` and the wrappers: the lean script call used on every task's start and finish."""
 
 from __future__ import annotations
 
 import pytest
 import redis
 
-from lanes import keys, scripts
+from lanes import keys
+from lanes.lua import loader as scripts
+from lanes.lua.start import start
 from lanes.redis_client import get_redis
 from tests.support.helpers import unique
 
@@ -44,3 +46,15 @@ def test_a_script_error_is_raised_and_the_connection_stays_usable(rc):
     assert scripts.call("start", k, a) == [b"gone"]
     pool = get_redis().connection_pool
     assert not pool._in_use_connections  # every connection went back to the pool
+
+
+def test_the_wrapper_sends_what_the_positional_call_sends(rc):
+    """``lanes.lua.start.start`` (named values) answers like the call by position it replaced."""
+    task_id = unique("sc")
+    k, a = _start_args(task_id)
+    named = dict(task_id=task_id, record=k[0], chat="", attempt=1, owner="host:1:2", now=1.0, lease_ms=30000,
+                 max_deliveries=5, dead_owner="", metric_field="lane|type", queue_latency_bucket="",
+                 queue_latency_s=0.0)
+    assert start(**named) == scripts.call("start", [*k, keys.DEADLINES], a) == [b"gone"]
+    rc.set(keys.tombstone(task_id), 'done|{"x": 1}')
+    assert start(**named) == [b"finished", b'done|{"x": 1}']

@@ -17,7 +17,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.test import override_settings
 
-from lanes.signals import bump_config_version
+from lanes.config_version import bump_config_version
 from tasks.dispatch import dispatch
 from tasks.models import DeadLetter, TaskType
 from tests.support.helpers import define, unique, wait_until

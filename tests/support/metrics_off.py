@@ -2,7 +2,7 @@
 
 Imported (through ``DISPATCH_HOOK_MODULES``) by the workers of the "off" variant
 of ``scripts/measure_overhead.py``: the Lua scripts are loaded with their
-counting helpers turned into no-ops, and ``tasks.hooks`` sends nothing. Never
+counting helpers turned into no-ops, and ``tasks.signals`` sends nothing. Never
 used by the platform itself.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 
-from lanes import scripts
-from tasks import hooks
+from lanes.lua import loader
+from tasks import signals as hooks
 
 #: The counting helpers of the scripts; each gets an early return.
 COUNTING_FUNCTIONS = (
@@ -20,12 +20,12 @@ COUNTING_FUNCTIONS = (
     "local function count(kind, extra)",
 )
 
-_original_source = scripts._source
+_original_source = loader._source
 _original_send = hooks._send
 
 
-def stripped_source(name: str) -> str:
-    text = _original_source(name)
+def stripped_source(name: str, directory=None) -> str:
+    text = _original_source(name, directory)
     for head in COUNTING_FUNCTIONS:
         text = text.replace(head, head + "\n  do return end", 1)
     return text
@@ -40,14 +40,14 @@ def enable() -> None:
     admit = _original_source("admit")  # _lib.lua (count_to, observe) + admit.lua (count)
     missing = [head for head in COUNTING_FUNCTIONS if head not in admit]
     assert not missing, f"the scripts' counting helpers changed, update this module: {missing}"
-    scripts._source = functools.cache(stripped_source)
-    scripts._scripts.clear()
+    loader._source = functools.cache(stripped_source)
+    loader._scripts.clear()
     hooks._send = _no_send
 
 
 def disable() -> None:
-    scripts._source = _original_source
-    scripts._scripts.clear()
+    loader._source = _original_source
+    loader._scripts.clear()
     hooks._send = _original_send
 
 

@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from lanes import redis_client
-from tasks import config, leases
+from lanes import leases, redis_client
+from tasks import config
 from tasks.handlers import http
 from tools import sink
 

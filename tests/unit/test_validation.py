@@ -78,7 +78,7 @@ def test_priority_mapping_puts_urgent_first_in_kombu_order():
 def test_an_envelope_round_trips_every_field():
     from dataclasses import asdict
 
-    from tasks.messages import Envelope
+    from lanes.messages import Envelope
 
     env = Envelope(type="t", lane="l", priority=3, attempt=2, deadline=10.5, dispatched_at=1.25, chat="c",
                    key="k", meta={"trace": "x"})

@@ -4,7 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from lanes.signals import ConfigVersionNotPublished
+from lanes.config_version import ConfigVersionNotPublished
 from tasks.config_io import apply_config
 from tasks.errors import ConfigError
 

@@ -1,4 +1,4 @@
--- _lib.lua: helpers prepended to every script by lanes.scripts (not run alone).
+-- _lib.lua: helpers prepended to every script by lanes.lua.loader (not run alone).
 --
 -- A task record is a hash: msg (the broker message, a NUL byte where the
 -- delivery tag goes), q (the lane list it is published to), lane, type,

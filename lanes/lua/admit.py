@@ -1,0 +1,42 @@
+"""``admit.lua``'s wrapper: admission of one dispatch and its publish, in one Redis call."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lanes import keys
+from lanes.lua.loader import call
+
+NAME = "admit"
+
+
+def admit(
+    *, version: str, now: float, task_id: str, message: str, kombu_priority: int, lane: str, task_type: str,
+    accepting: bool, capacity: int, chat: str, chat_queue_size: int, idempotency_key: str, payload_digest: str,
+    idempotency_window_s: int, queued_lease_ms: int, replace_idempotency: bool, deadline: float,
+) -> list[Any]:
+    """Run admit.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
+
+    ``now`` and ``deadline`` are epoch seconds; ``chat`` and ``idempotency_key``
+    are '' when the task has none (``payload_digest`` then too).
+    """
+    minute = int(now // 60)
+    record = keys.task_record(task_id, chat or None)
+    return call(
+        NAME,
+        [
+            keys.CONFIG_VERSION, record, keys.LEASES,
+            keys.idempotency(task_type, idempotency_key) if idempotency_key else record,
+            keys.chat_queue(chat) if chat else record,
+            keys.lane_chat_waiting(lane), keys.lane_delayed(lane), keys.METRICS_TOTAL,
+            keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(lane),
+            keys.metrics_minute(minute - 1),
+            keys.legacy_idempotency(task_type, idempotency_key) if idempotency_key else record,
+            keys.DEADLINES, keys.PAUSED_LANES, keys.lane_consumers(lane),
+        ],
+        [
+            version, int(now * 1000), task_id, message, kombu_priority, "1" if accepting else "0",
+            capacity, chat, chat_queue_size, payload_digest, idempotency_window_s, queued_lease_ms,
+            lane, task_type, "1" if replace_idempotency else "0", int(deadline * 1000),
+        ],
+    )

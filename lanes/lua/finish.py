@@ -1,0 +1,26 @@
+"""``finish.lua``'s wrapper: a task reached a terminal state; its chat moves to the next message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lanes import keys
+from lanes.lua.loader import call
+
+NAME = "finish"
+
+
+def finish(
+    *, task_id: str, record: str, chat: str, outcome: str, result_json: str, now: float, tombstone_ttl_s: int,
+    queued_lease_ms: int, metric_field: str, reason: str, execution_latency_bucket: str,
+    execution_latency_s: float, owner: str, settle_lease_ms: int,
+) -> list[Any]:
+    """Run finish.lua (KEYS/ARGV in its header); returns its reply as Redis sent it."""
+    return call(
+        NAME,
+        [record, keys.LEASES, keys.chat_queue(chat) if chat else record, keys.chat_index(), keys.METRICS_TOTAL,
+         keys.metrics_minute(int(now // 60)), keys.tombstone(task_id), keys.DEADLINES],
+        [task_id, outcome, result_json, int(now * 1000), tombstone_ttl_s, queued_lease_ms, chat,
+         keys.chat_record_prefix(chat) if chat else "", metric_field, reason, execution_latency_bucket,
+         keys.lane_chat_waiting(""), f"{execution_latency_s:.6f}", owner, settle_lease_ms],
+    )

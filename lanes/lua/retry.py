@@ -1,0 +1,23 @@
+"""``retry.lua``'s wrapper: park a failed attempt's successor in its lane's delayed set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lanes import keys
+from lanes.lua.loader import call
+
+NAME = "retry"
+
+
+def retry(
+    *, record: str, lane: str, now: float, next_attempt: int, message: str, due: float, queued_lease_ms: int,
+    metric_field: str, owner: str,
+) -> list[Any]:
+    """Run retry.lua (KEYS/ARGV in its header); ``due`` is epoch seconds. Returns Redis's reply."""
+    return call(
+        NAME,
+        [record, keys.LEASES, keys.lane_delayed(lane), keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)),
+         keys.DEADLINES],
+        [next_attempt, message, int(due * 1000), queued_lease_ms, metric_field, owner],
+    )

@@ -1,0 +1,113 @@
+"""Builds Celery (protocol 2) messages in kombu's Redis envelope, ready for Lua to push.
+
+Dispatch publishes from inside its admission script, so admission and publish
+are one atomic Redis call: there is no window in which a task is accepted but
+not in the broker. The envelope is what kombu's ``Channel._put`` would write;
+the delivery tag is left as a NUL byte for the script to fill in per publish
+(JSON escapes NUL in strings, so the raw byte cannot occur elsewhere).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from lanes import keys
+from lanes.priorities import to_kombu
+from lanes.transport import LEASED_HEADER
+
+_TAG_PLACEHOLDER = "@@delivery-tag@@"
+_ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+#: Seconds between the soft time limit (handler told to stop) and the hard one (process killed).
+HARD_LIMIT_GRACE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What the platform carries beside the payload, in the task's ``dispatch`` kwarg."""
+
+    type: str
+    lane: str
+    priority: int
+    attempt: int
+    deadline: float  # epoch seconds
+    dispatched_at: float  # epoch seconds
+    chat: str = ""
+    key: str = ""  # idempotency key
+    meta: dict | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        # Not dataclasses.asdict: it deep-copies, and this runs on every dispatch
+        # only to be serialised at once.
+        return {"type": self.type, "lane": self.lane, "priority": self.priority, "attempt": self.attempt,
+                "deadline": self.deadline, "dispatched_at": self.dispatched_at, "chat": self.chat,
+                "key": self.key, "meta": self.meta}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Envelope:
+        """Parse a received envelope; raise ValueError naming the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError("the 'dispatch' argument must be an object")
+        expected: dict[str, type | tuple[type, ...]] = {
+            "type": str, "lane": str, "priority": int, "attempt": int,
+            "deadline": (int, float), "dispatched_at": (int, float), "chat": str, "key": str,
+        }
+        for name, kind in expected.items():
+            value = data.get(name)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise ValueError(f"field '{name}' is missing or has the wrong type")
+        meta = data.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise ValueError("field 'meta' must be an object")
+        if data["attempt"] < 1 or not 0 <= data["priority"] <= 9:
+            raise ValueError("field 'attempt' or 'priority' is out of range")
+        return cls(**{name: data[name] for name in (*expected, "meta") if name in data})
+
+
+def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float) -> str:
+    """The message as a string with a NUL byte where the delivery tag goes.
+
+    ``shadow`` carries the task type: the worker's log, its task events and so
+    Flower name the task ``chat.send`` rather than its handler ``http.post``
+    (the result row's ``task_name`` stays the handler, Celery's ``task``).
+    """
+    body = f'[[],{{"payload":{payload_json},"dispatch":{json.dumps(envelope.as_dict(), separators=(",", ":"))}}},' \
+        f'{json.dumps(_EMBED, separators=(",", ":"))}]'
+    kombu_priority = to_kombu(envelope.priority)
+    queue = keys.lane_queue(envelope.lane, 0)
+    headers: dict[str, Any] = {
+        "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "eta": None,
+        "expires": None, "group": None, "group_index": None, "retries": envelope.attempt - 1,
+        "timelimit": [soft_limit_s + HARD_LIMIT_GRACE_S, soft_limit_s], "root_id": task_id,
+        "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),
+        "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
+        "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,
+    }
+    message = {
+        "body": body,
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": headers,
+        "properties": {
+            "correlation_id": task_id,
+            "reply_to": "",
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": kombu_priority,
+            "body_encoding": "utf-8",
+            "delivery_tag": _TAG_PLACEHOLDER,
+        },
+    }
+    text = json.dumps(message, separators=(",", ":"))
+    head, _, tail = text.rpartition(f'"{_TAG_PLACEHOLDER}"')
+    return f'{head}"\0"{tail}'
+
+
+def _short_repr(payload_json: str, envelope: Envelope) -> str:
+    shown = payload_json if len(payload_json) <= 200 else payload_json[:197] + "..."
+    chat = f", chat={envelope.chat!r}" if envelope.chat else ""
+    return f"{{payload: {shown}, attempt={envelope.attempt}{chat}}}"

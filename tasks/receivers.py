@@ -1,0 +1,62 @@
+"""The tasks app's signal receivers, all connected by one ``connect()`` from ``TasksConfig.ready()``.
+
+- Rejections found before the admission script (unknown type, invalid payload,
+  ...) never reach a script, so ``count_rejection`` counts them with one
+  pipelined round trip and keeps the last ones for the dashboard (accepted
+  tasks are counted inside the Lua scripts, in the call each step already
+  makes). Rejections are the unhappy path: the happy path pays nothing here.
+- A message the transport could not decode becomes a ``malformed`` dead letter.
+- A save or delete of a retry policy or task type bumps the config version
+  (``lanes.config_version``; the lanes app connects ``Lane`` the same way).
+- A worker process settles its finished records before it exits; beat runs the
+  maintenance loop in a thread.
+
+Nothing here is connected by importing this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import redis
+from celery import signals as celery_signals
+
+from lanes import config_version, leases
+from lanes.metrics import record_rejection
+from lanes.redis_client import get_redis
+from lanes.signals import message_unreadable
+from tasks import dead_letters, maintenance
+from tasks.models import RetryPolicy, TaskType
+from tasks.signals import TaskInfo, task_rejected
+
+logger = logging.getLogger(__name__)
+
+
+def count_rejection(sender: object, info: TaskInfo, **kwargs: object) -> None:
+    try:
+        record_rejection(get_redis(), info.lane, info.type, info.reason, info.detail, time.time())
+    except redis.RedisError as exc:  # Redis down: the dispatch already answered; do not add noise
+        logger.debug("rejection_not_counted reason=%s error=%s", info.reason, exc)
+
+
+def record_unreadable_message(sender: object, task_id: str, message: str, exc: BaseException,
+                              **kwargs: object) -> None:
+    """Keep a message the transport dropped as a ``malformed`` dead letter."""
+    dead_letters.record(task_id=task_id, task_type="?", lane="", reason="malformed", message=message, exc=exc)
+
+
+def settle_before_exit(**_: Any) -> None:
+    leases.settle_now()
+
+
+def connect() -> None:
+    """Connect every receiver above (idempotent: each has a ``dispatch_uid``)."""
+    task_rejected.connect(count_rejection, dispatch_uid="lanes.count_rejection")
+    message_unreadable.connect(record_unreadable_message, dispatch_uid="tasks.record_unreadable_message")
+    config_version.connect(RetryPolicy, TaskType)
+    celery_signals.worker_process_shutdown.connect(settle_before_exit, weak=False,
+                                                   dispatch_uid="tasks.settle_before_exit")
+    celery_signals.worker_shutdown.connect(settle_before_exit, weak=False, dispatch_uid="tasks.settle_before_exit")
+    celery_signals.beat_init.connect(maintenance.maintain_in_beat, weak=False, dispatch_uid="tasks.maintain_in_beat")
