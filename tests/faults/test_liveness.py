@@ -1,0 +1,146 @@
+"""Issue 17: worker liveness. Kill a worker's main process, a pool child, or a whole simulated
+host under load: every chat moves again within ``BOUND_S``, measured on the checker's per-chat
+timeline (a count of chats that waited longer), with production leases (30 s, queued 60 s), so
+only liveness, never a lease running out, can meet the bound."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from lanes import keys
+from tests.faults.checker import chat_stalls
+from tests.faults.harness import FaultCluster, LoadRun, dead_letters, deliveries, drain_and_check, pick
+from tests.support.helpers import unique, wait_until
+
+#: Every affected chat moves again within this many seconds of a kill.
+BOUND_S = 10.0
+#: The production leases: a recovery that waited for one would take 30 s or more.
+PRODUCTION_LEASES = {"DISPATCH_LEASE_S": "30", "DISPATCH_QUEUED_LEASE_S": "60"}
+#: The one window liveness cannot see (docs/liveness.md): Redis handed a message to a main
+#: process's BRPOP in the instant it was killed, before it could name it in its in-hand set.
+#: At most one such message per killed main process (one BRPOP in flight per connection); the
+#: lease sweep republishes it when its queued lease runs out (60 s here, plus a sweep period).
+RACE_BOUND_S = 60 + 15 + BOUND_S
+
+
+def _assert_moved(rep, stalled: int, killed_mains: int) -> None:
+    """Every chat moved within ``BOUND_S``, but for at most one BRPOP race per killed main process."""
+    waits = [e["waited_s"] for e in rep.examples.get("stalled_chats", [])]
+    assert stalled <= killed_mains, rep.examples.get("stalled_chats")
+    assert all(w <= RACE_BOUND_S for w in waits), waits
+
+
+def _check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, lane: str, record, started: float):
+    rep = drain_and_check(cluster, loads, scenario=scenario, drain_bound=pick(60, 120), lanes=[lane])
+    ops = [op for load in loads for op in load.ops()]
+    at = {k: t for load in loads for k, t in load.dispatched_at().items()}
+    stalled, worst, examples = chat_stalls(
+        ops, at, deliveries(cluster.sink.sink, [ld.spec["run"] for ld in loads]), bound=BOUND_S,
+        until=time.time(), dead=dead_letters(cluster.types))
+    rep.extra["chats_stalled_past_bound"] = stalled
+    rep.extra["longest_chat_wait_s"] = worst
+    if examples:
+        rep.examples["stalled_chats"] = examples
+    record(scenario, rep, started)
+    return rep, stalled
+
+
+def _in_hand(cluster: FaultCluster, host: str, pid: int) -> int:
+    return cluster.client().scard(keys.process_in_hand(f"{host}:{pid}"))
+
+
+def test_l1_main_process_killed_holding_popped_messages(cluster_factory, record):
+    """The main process holds prefetched messages no child has claimed; SIGKILL it."""
+    started = time.time()
+    cluster = cluster_factory(env=PRODUCTION_LEASES)
+    lane = unique("fl-lv-main")
+    name = cluster.http_type(lane)
+    cluster.sink.sink.behaviour.delay_s = (0.15, 0.3)
+    victim = cluster.worker(lane, concurrency=1, host="hostA")  # one slot, four prefetched
+    cluster.worker(lane, concurrency=2, host="hostB")
+    duration = pick(16, 60)
+    load = cluster.constant_load(name, rate=pick(12, 16), duration=duration, chats=pick(20, 40))
+    kills = 0
+    for _ in range(pick(1, 3)):
+        time.sleep(duration / (pick(1, 3) + 1))
+        pid = victim.pid
+        wait_until(lambda: _in_hand(cluster, "hostA", pid) >= 2, timeout=20,  # noqa: B023 - called here
+                   what="the main process holding popped messages")
+        held = _in_hand(cluster, "hostA", pid)
+        cluster.kill_main(victim)  # its child finishes what it runs, then goes
+        kills += 1
+        time.sleep(1.0)
+        cluster.reap(victim)
+        victim = cluster.worker(lane, concurrency=1, host="hostA")
+    load.wait(timeout=duration + 120)
+    rep, stalled = _check(cluster, [load], scenario="L1 main process killed holding popped messages",
+                          lane=lane, record=record, started=started)
+    rep.extra["kills"] = kills
+    assert held >= 2
+    assert rep.accepted > 0 and rep.accounted, rep.summary()
+    _assert_moved(rep, stalled, killed_mains=kills)
+
+
+def test_l2_pool_child_killed_mid_task(cluster_factory, record):
+    """SIGKILL a pool child while its handler runs (the main process lives on)."""
+    started = time.time()
+    cluster = cluster_factory(env=PRODUCTION_LEASES)
+    lane = unique("fl-lv-child")
+    name = cluster.http_type(lane)
+    cluster.sink.sink.behaviour.delay_s = (0.2, 0.6)
+    victim = cluster.worker(lane, concurrency=2, host="hostA")
+    cluster.worker(lane, concurrency=2, host="hostB")
+    duration = pick(16, 60)
+    load = cluster.constant_load(name, rate=pick(8, 12), duration=duration, chats=pick(20, 40))
+    kills = 0
+    stop = threading.Event()
+
+    def killer() -> None:
+        nonlocal kills
+        while not stop.wait(pick(4.0, 6.0)):
+            children = victim.children()
+            if children:
+                os.kill(children[kills % len(children)], signal.SIGKILL)
+                kills += 1
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    load.wait(timeout=duration + 120)
+    stop.set()
+    thread.join(timeout=30)
+    rep, stalled = _check(cluster, [load], scenario="L2 pool child killed mid-task", lane=lane, record=record,
+                          started=started)
+    rep.extra["kills"] = kills
+    assert kills >= 2
+    assert rep.accepted > 0 and rep.accounted, rep.summary()
+    assert stalled == 0, rep.examples.get("stalled_chats")
+
+
+def test_l3_whole_host_killed(cluster_factory, record):
+    """Two simulated hosts share Redis and the database; every process of one dies at once."""
+    started = time.time()
+    cluster = cluster_factory(env=PRODUCTION_LEASES)
+    lane = unique("fl-lv-host")
+    name = cluster.http_type(lane)
+    cluster.sink.sink.behaviour.delay_s = (0.05, 0.3)
+    cluster.worker(lane, concurrency=2, host="hostA")
+    cluster.worker(lane, pool="threads", concurrency=2, host="hostA")
+    cluster.worker(lane, concurrency=2, host="hostB")
+    duration = pick(18, 60)
+    load = cluster.constant_load(name, rate=pick(12, 20), duration=duration, chats=pick(24, 48))
+    time.sleep(duration / 3)
+    procs_a = [m for m in cluster.client().zrange(keys.PROCS, 0, -1) if m.startswith(b"hostA:")]
+    victims = cluster.kill_host("hostA")
+    if pick(False, True):
+        time.sleep(duration / 3)
+        cluster.worker(lane, concurrency=2, host="hostA")
+    load.wait(timeout=duration + 120)
+    rep, stalled = _check(cluster, [load], scenario="L3 whole host killed", lane=lane, record=record,
+                          started=started)
+    rep.extra["host_processes_killed"] = len(procs_a)
+    assert len(victims) == 2 and len(procs_a) >= 3  # two main processes, pool children, all beating
+    assert rep.accepted > 0 and rep.accounted, rep.summary()
+    _assert_moved(rep, stalled, killed_mains=len(victims))
