@@ -33,7 +33,8 @@ def _assert_moved(rep, stalled: int, killed_mains: int) -> None:
     assert all(w <= RACE_BOUND_S for w in waits), waits
 
 
-def _check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, lane: str, record, started: float):
+def _check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, scenario_id: str, lane: str, record,
+           started: float):
     rep = drain_and_check(cluster, loads, scenario=scenario, drain_bound=pick(60, 120), lanes=[lane])
     ops = [op for load in loads for op in load.ops()]
     at = {k: t for load in loads for k, t in load.dispatched_at().items()}
@@ -44,7 +45,7 @@ def _check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, lane: 
     rep.extra["longest_chat_wait_s"] = worst
     if examples:
         rep.examples["stalled_chats"] = examples
-    record(scenario, rep, started)
+    record(scenario_id, rep, started)
     return rep, stalled
 
 
@@ -77,6 +78,7 @@ def test_l1_main_process_killed_holding_popped_messages(cluster_factory, record)
         victim = cluster.worker(lane, concurrency=1, host="hostA")
     load.wait(timeout=duration + 120)
     rep, stalled = _check(cluster, [load], scenario="L1 main process killed holding popped messages",
+                          scenario_id="L1-main-killed-holding-popped",
                           lane=lane, record=record, started=started)
     rep.extra["kills"] = kills
     assert held >= 2
@@ -111,7 +113,8 @@ def test_l2_pool_child_killed_mid_task(cluster_factory, record):
     load.wait(timeout=duration + 120)
     stop.set()
     thread.join(timeout=30)
-    rep, stalled = _check(cluster, [load], scenario="L2 pool child killed mid-task", lane=lane, record=record,
+    rep, stalled = _check(cluster, [load], scenario="L2 pool child killed mid-task",
+                          scenario_id="L2-pool-child-killed", lane=lane, record=record,
                           started=started)
     rep.extra["kills"] = kills
     assert kills >= 2
@@ -138,7 +141,8 @@ def test_l3_whole_host_killed(cluster_factory, record):
         time.sleep(duration / 3)
         cluster.worker(lane, concurrency=2, host="hostA")
     load.wait(timeout=duration + 120)
-    rep, stalled = _check(cluster, [load], scenario="L3 whole host killed", lane=lane, record=record,
+    rep, stalled = _check(cluster, [load], scenario="L3 whole host killed",
+                          scenario_id="L3-whole-host-killed", lane=lane, record=record,
                           started=started)
     rep.extra["host_processes_killed"] = len(procs_a)
     assert len(victims) == 2 and len(procs_a) >= 3  # two main processes, pool children, all beating
