@@ -13,13 +13,34 @@ from django.utils.html import format_html
 
 from lanes.config_admin import ConfigSaveWarningMixin
 from tasks import dead_letters
-from tasks.models import DeadLetter, RetryPolicy, TaskType
+from tasks.models import DeadLetter, Limit, RetryPolicy, TaskType, TaskTypeLimit
 
 
 @admin.register(RetryPolicy)
 class RetryPolicyAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     list_display = ("name", "max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter")
     search_fields = ("name",)
+
+
+@admin.register(Limit)
+class LimitAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
+    list_display = ("name", "scope", "rate", "burst", "max_in_flight", "fair_share", "window")
+    list_filter = ("scope", "fair_share")
+    search_fields = ("name",)
+    fieldsets = (
+        (None, {"fields": ("name", "scope")}),
+        ("Rate and concurrency", {"fields": ("rate", "burst", "max_in_flight")}),
+        ("Fair share", {"fields": ("fair_share", "weights", "window")}),
+    )
+
+
+class TaskTypeLimitInline(admin.TabularInline):
+    """The type's limits, checked in ``position`` order."""
+
+    model = TaskTypeLimit
+    extra = 0
+    fields = ("limit", "position")
+    autocomplete_fields = ("limit",)
 
 
 def json_text(value: object, indent: int | None = None) -> str:
@@ -79,6 +100,7 @@ class TaskTypeForm(forms.ModelForm):
 @admin.register(TaskType)
 class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     form = TaskTypeForm
+    inlines = (TaskTypeLimitInline,)
     # Enabled right after the name: the list scrolls sideways in its box, and the
     # last column was out of sight at 1,400 px with the sidebars (issue 13).
     list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout")
