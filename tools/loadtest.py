@@ -38,7 +38,7 @@ from tools import probe
 from tools.loadcheck import (
     Sent,
     StepLoad,
-    check,
+    check_applied,
     completed_between,
     depth_grows,
     depth_slope,
@@ -255,7 +255,7 @@ class LoadTest:
         counts, log = self._read_record(step_run)
         applied_keys = {k for k, v in counts.items() if v > 0}
         dead_ids = _dead_task_ids([s.task_id for s in accepted if s.key not in applied_keys and s.task_id])
-        verdict = check(sent, log, counts, dead_ids)
+        verdict = check_applied(sent, log, counts, dead_ids)
         step.applied, step.dead, step.lost = verdict.applied, verdict.dead, verdict.lost
         step.duplicates, step.order_violations, step.unknown = verdict.duplicates, verdict.order_violations, \
             verdict.unknown

@@ -23,10 +23,10 @@ from pathlib import Path
 import redis
 
 from lanes import keys
-from tests.faults.checker import Delivery, Op, Report, check
 from tests.support.helpers import define, unique
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, Worker
+from tools.loadcheck import Delivery, Op, Report, check
 
 LONG = os.environ.get("FAULTS_LONG") == "1"
 ARTIFACTS = ROOT / "test-artifacts"
