@@ -50,7 +50,7 @@ class LoadRun:
         self.started = time.time()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.loadgen", str(self.spec_path), str(self.history_path)],
+            [sys.executable, "-m", "tools.loadgen", str(self.spec_path), str(self.history_path)],
             cwd=ROOT, env={**os.environ, **cluster.env}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
