@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from django.db import transaction
 from django.db.models import F
@@ -22,6 +25,25 @@ BUMP_RETRY_DELAYS_S = (0.05, 0.2, 0.5)
 
 class ConfigVersionNotPublished(RuntimeError):
     """The change is saved, but Redis did not get the new config version."""
+
+
+#: Where a failed bump of a change made in this context is reported instead of raised (the admin's warning).
+_report_bump_failure: ContextVar[Callable[[ConfigVersionNotPublished], None] | None] = ContextVar(
+    "report_bump_failure", default=None)
+
+
+@contextmanager
+def bump_failures_reported_to(report: Callable[[ConfigVersionNotPublished], None]) -> Iterator[None]:
+    """Changes saved inside this block report a failed bump (run at their commit) to ``report``.
+
+    The bump runs after the commit, when a raise can no longer undo the change
+    and would only turn the admin's redirect into a 500 page.
+    """
+    token = _report_bump_failure.set(report)
+    try:
+        yield
+    finally:
+        _report_bump_failure.reset(token)
 
 
 def bump_config_version() -> None:
@@ -63,7 +85,15 @@ def bump_db_revision() -> None:
 
 def _on_change(sender, **kwargs) -> None:
     bump_db_revision()
-    transaction.on_commit(bump_config_version)
+    report = _report_bump_failure.get()
+    transaction.on_commit(bump_config_version if report is None else lambda: _bump_or_report(report))
+
+
+def _bump_or_report(report: Callable[[ConfigVersionNotPublished], None]) -> None:
+    try:
+        bump_config_version()
+    except ConfigVersionNotPublished as exc:
+        report(exc)
 
 
 def connect(*models) -> None:

@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.template.response import TemplateResponse
 from django.urls import reverse
 
+from lanes.config_admin import ConfigSaveWarningMixin
 from lanes.models import Lane, LaneEvent
 from ops import control
 
@@ -59,7 +60,7 @@ def _workers_column():
                 return "unknown (Redis unreachable)"
         holders = cache.get(lane.name, [])
         if not holders:
-            return format_html('<strong style="color:#ba2121">{}</strong>', "no worker consumes this lane")
+            return format_html('<strong class="no-consumer-warning">{}</strong>', "no worker consumes this lane")
         return format_html("{} ({})", len(holders), ", ".join(holders))
 
     workers.short_description = "workers"
@@ -67,7 +68,7 @@ def _workers_column():
 
 
 @admin.register(Lane)
-class LaneAdmin(admin.ModelAdmin):
+class LaneAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     list_display = ("name", "capacity", "accepting", "description")
     list_editable = ("accepting",)
     search_fields = ("name",)
@@ -78,6 +79,9 @@ class LaneAdmin(admin.ModelAdmin):
         _control_action("resume", "Resume consumption of selected lanes"),
         _control_action("drain", "Drain selected lanes (close, then let them empty)"),
     )
+
+    class Media:
+        css = {"all": ("lanes/dashboard.css",)}  # the "no worker" warning's colour: no inline style under the CSP
 
     def get_list_display(self, request):
         """The list plus a "Workers" column from the workers' heartbeats (one Redis read per page)."""

@@ -11,12 +11,13 @@ from django.shortcuts import redirect
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from lanes.config_admin import ConfigSaveWarningMixin
 from tasks import dead_letters
 from tasks.models import DeadLetter, RetryPolicy, TaskType
 
 
 @admin.register(RetryPolicy)
-class RetryPolicyAdmin(admin.ModelAdmin):
+class RetryPolicyAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     list_display = ("name", "max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter")
     search_fields = ("name",)
 
@@ -76,7 +77,7 @@ class TaskTypeForm(forms.ModelForm):
 
 
 @admin.register(TaskType)
-class TaskTypeAdmin(admin.ModelAdmin):
+class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     form = TaskTypeForm
     # Enabled right after the name: the list scrolls sideways in its box, and the
     # last column was out of sight at 1,400 px with the sidebars (issue 13).

@@ -16,6 +16,7 @@ from django.db import transaction
 from lanes.models import Lane
 from tasks.errors import ConfigError
 from tasks.models import RetryPolicy, TaskType
+from tasks.validation import shown, unstorable_text
 
 SECTIONS = ("retry_policies", "lanes", "task_types")
 POLICY_FIELDS = ("max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter")
@@ -28,9 +29,21 @@ def _entries(data: dict, section: str) -> list[dict]:
     entries = data.get(section, [])
     if not isinstance(entries, list):
         raise ConfigError(f"{section}: must be a list")
+    seen: dict[str, int] = {}
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry["name"]:
             raise ConfigError(f"{section}[{i}]: must be an object with a non-empty string 'name'")
+        where = f"{section}[{i}] {entry['name']!r}"
+        if entry["name"] in seen:
+            # Upserting twice in one file would keep the last silently: say which two collide.
+            raise ConfigError(f"{where}: name: duplicate of {section}[{seen[entry['name']]}]")
+        seen[entry["name"]] = i
+        for field, value in entry.items():
+            # Text no database stores (NUL: PostgreSQL; lone surrogates: any UTF-8) is refused
+            # here, named, instead of failing the insert with a driver error.
+            bad = unstorable_text(value, str(field))
+            if bad:
+                raise ConfigError(f"{where}: {bad}")
     return entries
 
 
@@ -49,12 +62,23 @@ def _save(where: str, obj: Any) -> None:
     obj.save()
 
 
-def _fetch_and_set(model: type, entry: dict, fields: tuple[str, ...]) -> Any:
-    """The row named ``entry['name']`` (or a new one) with the entry's fields set on it."""
+def _fetch_and_set(where: str, model: type, entry: dict, fields: tuple[str, ...]) -> Any:
+    """The row named ``entry['name']`` (or a new one) with the entry's fields set on it.
+
+    Each value is converted by its model field first, so a wrong type is named here
+    (``capacity: ...``) rather than raising TypeError or OverflowError (``float(10**400)``)
+    from inside the model's checks.
+    """
     obj = model.objects.filter(name=entry["name"]).first() or model(name=entry["name"])
     for field in fields:
         if field in entry:
-            setattr(obj, field, entry[field])
+            try:
+                value = model._meta.get_field(field).to_python(entry[field])
+            except ValidationError as exc:
+                raise ConfigError(f"{where}: {field}: {' '.join(exc.messages)}") from None
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise ConfigError(f"{where}: {field}: {shown(entry[field])} is not a valid value ({exc})") from None
+            setattr(obj, field, value)
     return obj
 
 
@@ -64,7 +88,7 @@ def _upsert_plain(data: dict, section: str, model: type, fields: tuple[str, ...]
     for i, entry in enumerate(entries):
         where = f"{section}[{i}] {entry['name']!r}"
         _check_keys(where, entry, fields)
-        _save(where, _fetch_and_set(model, entry, fields))
+        _save(where, _fetch_and_set(where, model, entry, fields))
     return len(entries)
 
 
@@ -82,7 +106,7 @@ def apply_config(data: Any) -> dict[str, int]:
         for i, entry in enumerate(_entries(data, "task_types")):
             where = f"task_types[{i}] {entry['name']!r}"
             _check_keys(where, entry, (*TYPE_FIELDS, "lane", "retry_policy"))
-            obj = _fetch_and_set(TaskType, entry, TYPE_FIELDS)
+            obj = _fetch_and_set(where, TaskType, entry, TYPE_FIELDS)
             for field, model in (("lane", Lane), ("retry_policy", RetryPolicy)):
                 if field in entry:
                     ref = model.objects.filter(name=entry[field]).first()

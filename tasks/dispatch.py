@@ -28,7 +28,7 @@ from lanes.priorities import to_kombu
 from tasks import config, hooks
 from tasks.estimate import estimate_delay
 from tasks.messages import Envelope, build_message
-from tasks.validation import Invalid, check_dispatch
+from tasks.validation import Invalid, check_dispatch, shown
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def admit(
         tc = snap.types.get(task_type) if isinstance(task_type, str) else None
         try:
             if tc is None:
-                raise Invalid("unknown_type", f"no task type named {task_type!r}")
+                raise Invalid("unknown_type", f"no task type named {shown(task_type, 100)}")
             checked = check_dispatch(
                 type_name=tc.name, enabled=tc.enabled, chat_scoped=tc.chat_scoped,
                 max_payload_bytes=tc.max_payload_bytes, default_priority=tc.priority,
@@ -118,7 +118,8 @@ def admit(
                 if fresh.version != snap.version:
                     snap = fresh
                     continue
-            return _rejected(tc.name if tc else str(task_type)[:100], tc.lane if tc else "", exc.reason, exc.detail)
+            name = tc.name if tc else task_type[:100] if isinstance(task_type, str) else shown(task_type, 100)
+            return _rejected(name, tc.lane if tc else "", exc.reason, exc.detail)
         lane = snap.lanes.get(tc.lane)
         chat = checked.chat_id if tc.chat_scoped else ""
         now = time.time()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +25,32 @@ class Checked:
     metadata: dict
 
 
+#: A rejection's detail is logged and shown on every rejection: it never grows with the input.
+MAX_DETAIL_LEN = 500
+
+
 class Invalid(Exception):
     def __init__(self, reason: str, detail: str) -> None:
+        if len(detail) > MAX_DETAIL_LEN:
+            detail = detail[: MAX_DETAIL_LEN - 3] + "..."
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for a rejection's detail; never raises.
+
+    The value is the caller's, so anything goes: ``repr`` of an int over 4300 digits
+    raises ValueError, a 1 MB string would make a 1 MB detail.
+    """
+    if isinstance(value, str) and len(value) > limit:
+        value = value[:limit]  # repr of a huge string is not built only to be cut
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a caller's object may raise anything from __repr__
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def is_clean_text(value: Any, max_len: int) -> bool:
@@ -53,17 +73,23 @@ def unstorable_text(value: Any, root: str) -> str | None:
         if isinstance(item, str):
             bad = _bad_char(item)
             if bad:
-                return f"{path} contains {bad}"
+                return f"{_short_path(path)} contains {bad}"
         elif isinstance(item, dict):
             for key, child in reversed(list(item.items())):
                 name = key if isinstance(key, str) else str(key)
                 bad = _bad_char(name)
                 if bad:
-                    return f"{path} has a key {name[:40]!r} containing {bad}"
-                stack.append((f"{path}.{name}" if name.isidentifier() else f"{path}[{name!r}]", child))
+                    return f"{_short_path(path)} has a key {shown(name, 40)} containing {bad}"
+                step = f".{name}" if name.isidentifier() and len(name) <= 40 else f"[{shown(name, 40)}]"
+                stack.append((path + step, child))
         elif isinstance(item, (list, tuple)):
             stack.extend((f"{path}[{i}]", child) for i, child in reversed(list(enumerate(item))))
     return None
+
+
+def _short_path(path: str, limit: int = 200) -> str:
+    """A path deep in a value, its middle elided so the detail stays readable."""
+    return path if len(path) <= limit else f"{path[:60]}...{path[-(limit - 63):]}"
 
 
 def _bad_char(text: str) -> str | None:
@@ -136,13 +162,15 @@ def check_dispatch(
     if priority is None:
         priority = default_priority
     if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
-        raise Invalid("invalid_priority", f"priority must be an integer 0..9, not {priority!r}")
+        raise Invalid("invalid_priority", f"priority must be an integer 0..9, not {shown(priority)}")
 
     if timeout is None:
         timeout = default_timeout_s
-    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout)
-            or not 0 < timeout <= MAX_TIMEOUT_S):
-        raise Invalid("invalid_timeout", f"timeout must be seconds in (0, {MAX_TIMEOUT_S:.0f}], not {timeout!r}")
+    # The range test alone refuses nan and inf, and compares ints of any size exactly
+    # (math.isfinite(10**400) raised OverflowError out of dispatch).
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
+        raise Invalid("invalid_timeout",
+                      f"timeout must be seconds in (0, {MAX_TIMEOUT_S:.0f}], not {shown(timeout)}")
 
     if chat_id is None:
         if chat_scoped:

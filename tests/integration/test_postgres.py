@@ -45,7 +45,8 @@ def test_dispatch_results_and_dead_letters_on_postgres(tmp_root):
             out = manage(env, "dispatch", "pg.echo", "--payload", '{"db": "postgres"}', "--wait")
             reply = json.loads(out.stdout)
             assert reply["accepted"] and reply["state"] == "SUCCESS" and reply["result"] == {"db": "postgres"}
-            failed = manage(env, "dispatch", "pg.fail", "--payload", '{"fail": "fatal"}', "--wait")
+            failed = manage(env, "dispatch", "pg.fail", "--payload", '{"fail": "fatal"}', "--wait", check=False)
+            assert failed.returncode == 3, failed.stderr  # dead-lettered: dispatch --wait's documented exit code
             assert json.loads(failed.stdout)["state"] == "FAILURE"
             rows = json.loads(manage(env, "deadletters", "--json").stdout)
             assert [r["reason"] for r in rows] == ["non_retryable"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import sys
 import time
 
@@ -10,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ops import control, metrics
 from tasks.output import dumps, table
+from tasks.shell_actor import shell_actor
 
 
 class Command(BaseCommand):
@@ -27,7 +27,7 @@ class Command(BaseCommand):
         parser.add_argument("--timeout", type=float, help="--drain: give up after this many seconds")
 
     def handle(self, *args, **opts):
-        actor = f"shell:{getpass.getuser()}"
+        actor = shell_actor()  # the OS user id, not $USER: the audit trail must not be spoofable
         for action in control.ACTIONS:
             if opts[action]:
                 return self._control(action, opts[action], actor, opts)

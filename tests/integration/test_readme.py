@@ -1,0 +1,254 @@
+"""Issue 13: the README, followed line by line, does what it says.
+
+Starts the platform the README's way (the real ``scripts/run.py``, from a copy
+of the project in a temporary folder, on free ports), then runs every command
+block the README marks with ``<!-- readme-test: NAME -->`` in that folder, as a
+reader would paste it, and compares what it prints with the block marked
+``<!-- readme-test: NAME output -->`` that follows it. The comparison is loose
+where the README is: ``…`` and ``<placeholders>`` stand for anything, numbers
+for any number, runs of white space for any white space. A marked command that
+exits non-zero, or prints something else, fails the test. The banner
+``make run`` printed must be the README's, with only the secrets and ports
+differing. Stopped by Ctrl-C (SIGINT to its process group), then by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support.redis_server import free_port
+from tests.support.workers import ROOT
+
+pytestmark = [pytest.mark.slow]
+
+START_TIMEOUT_S = 120
+BLOCK_TIMEOUT_S = 60
+#: Marked blocks the README must keep: the newcomer's path through it.
+REQUIRED = {"banner", "first-dispatch", "lanes", "deadletters", "http-api", "config-file", "send-task"}
+
+_MARKED = re.compile(r"<!-- readme-test: (?P<name>[\w-]+)(?P<output> output)? -->\s*\n"
+                     r"```(?P<lang>\w*)\n(?P<body>.*?)\n```", re.S)
+_PLACEHOLDER = re.compile(r"…|\.\.\.|<[^>\n]+>")
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@dataclass
+class Block:
+    name: str
+    lang: str
+    command: str = ""
+    expected: str | None = None
+
+
+def readme_blocks(text: str) -> dict[str, Block]:
+    """The README's marked blocks by name: each command, and the output shown after it (if any)."""
+    blocks: dict[str, Block] = {}
+    for found in _MARKED.finditer(text):
+        name, body = found["name"], found["body"]
+        block = blocks.setdefault(name, Block(name, found["lang"]))
+        if found["output"]:
+            assert block.expected is None, f"README: two output blocks marked {name!r}"
+            block.expected = body
+        else:
+            assert not block.command, f"README: two command blocks marked {name!r}"
+            block.command, block.lang = body, found["lang"]
+    return blocks
+
+
+def loose_pattern(expected: str) -> re.Pattern:
+    """A regex for what the README shows: placeholders match anything, numbers any number, spaces any spaces."""
+    parts = []
+    for i, piece in enumerate(_PLACEHOLDER.split(expected)):
+        if i:
+            parts.append(r".*?")
+        for j, literal in enumerate(_NUMBER.split(piece)):
+            if j:
+                parts.append(r"-?\d+(?:\.\d+)?")
+            parts.append(r"\s*".join(re.escape(word) for word in re.split(r"\s+", literal)))
+    return re.compile("".join(parts), re.S)
+
+
+def test_loose_pattern_is_loose_only_where_the_readme_is():
+    pattern = loose_pattern('{"accepted": true, "task_id": "…", "queue": "default", …}')
+    assert pattern.search('{"accepted": true, "task_id": "ab-12", "queue": "default", "priority": 5}')
+    assert not pattern.search('{"accepted": false, "task_id": "ab-12", "queue": "default"}')
+    assert not pattern.search('{"accepted": true, "task_id": "ab-12", "queue": "bulk"}')
+    assert loose_pattern('"position": 0,\n  "x": <id>').search('"position":   12, "x": 9f')
+
+
+# --- the platform, started the README's way -------------------------------------------------------
+
+@dataclass
+class Platform:
+    root: Path
+    web: int
+    flower: int
+    redis: int
+    env: dict[str, str]
+    log: Path
+
+    def substitute(self, text: str) -> str:
+        """The README's default ports and the Redis password placeholder, as this run has them."""
+        secrets = json.loads((self.root / ".dispatch-secrets.json").read_text())
+        return (text.replace("127.0.0.1:8000", f"127.0.0.1:{self.web}")
+                .replace("127.0.0.1:5555", f"127.0.0.1:{self.flower}")
+                .replace("127.0.0.1:6380", f"127.0.0.1:{self.redis}")
+                .replace("REDIS_PASSWORD", secrets["redis_password"])
+                .replace("/tmp/dispatch.json", str(self.root / "dispatch.json")))  # not a file others share
+
+    def run(self, command: str, lang: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+        command = self.substitute(command)
+        argv = ([str(self.root / ".venv" / "bin" / "python"), "-c", command] if lang == "python"
+                else ["bash", "-e", "-c", command])
+        return subprocess.run(argv, cwd=cwd or self.root, env=self.env, capture_output=True, text=True,
+                              timeout=BLOCK_TIMEOUT_S)
+
+
+def _status(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return None
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+@pytest.fixture(scope="module")
+def platform(tmp_path_factory):
+    root = tmp_path_factory.mktemp("readme") / "project"
+    shutil.copytree(ROOT, root, symlinks=True, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "var", "test-artifacts", "staticfiles", "__pycache__", ".pytest_cache", ".ruff_cache",
+        ".dispatch-secrets.json", ".hypothesis"))
+    (root / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the README's commands say .venv/bin/python
+    web, flower, redis_port = free_port(), free_port(), free_port()
+    env = {k: v for k, v in os.environ.items()
+           if k not in {"REDIS_URL", "DATABASE_URL", "DISPATCH_SECRETS_FILE", "DISPATCH_RUNTIME_FILE",
+                         "DJANGO_SETTINGS_MODULE", "DISPATCH_LEASE_S", "DISPATCH_QUEUED_LEASE_S",
+                         "CELERY_WORKER_SEND_TASK_EVENTS", "ALLOWED_HOSTS"}}
+    # The README's default worker groups, one instance each and fewer threads: the machine is shared.
+    run_env = {**env, "WEB_PORT": str(web), "FLOWER_PORT": str(flower), "REDIS_PORT": str(redis_port),
+               "WORKER_REALTIME_INSTANCES": "1", "WORKER_CONCURRENCY": "2", "REDIS_APPENDFSYNC": "everysec"}
+    log_path = root / "run.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=root, env=run_env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
+            seen.update(_descendants(proc.pid))
+            if (b"Ctrl-C stops everything" in log_path.read_bytes()
+                    and _status(f"http://127.0.0.1:{web}/admin/login/") == 200):
+                break
+            time.sleep(0.5)
+        else:
+            pytest.fail(f"make run not up within {START_TIMEOUT_S}s: {log_path.read_text(errors='replace')[-3000:]}")
+        # Commands run in the project folder with a plain environment: they find the ports in var/runtime.json.
+        yield Platform(root, web, flower, redis_port, env, log_path)
+    finally:
+        seen.update(_descendants(proc.pid))
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: honcho stops its processes, then Redis stops
+            try:
+                proc.wait(timeout=45)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for pid in seen - {proc.pid}:  # anything this run started that is still running (same cwd)
+            try:
+                if os.readlink(f"/proc/{pid}/cwd").startswith(str(root)):
+                    os.kill(pid, signal.SIGKILL)
+            except (FileNotFoundError, ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture(scope="module")
+def blocks() -> dict[str, Block]:
+    return readme_blocks((ROOT / "README.md").read_text())
+
+
+def test_the_readme_marks_the_newcomers_commands(blocks):
+    assert REQUIRED <= set(blocks), f"README lost its readme-test markers: {sorted(REQUIRED - set(blocks))}"
+    for block in blocks.values():
+        # The banner is compared with run.py's own; the Celery snippet's outcome is read through the API.
+        assert block.expected is not None or block.name in {"banner", "send-task"}, f"{block.name}: no output"
+
+
+def _check(platform: Platform, block: Block, cwd: Path | None = None) -> str:
+    done = platform.run(block.command, block.lang, cwd)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"README block {block.name!r} exited {done.returncode}:\n{output[-3000:]}"
+    if block.expected is not None:
+        expected = platform.substitute(block.expected)
+        assert loose_pattern(expected).search(done.stdout), (
+            f"README block {block.name!r} printed something else than the README shows.\n"
+            f"--- README:\n{expected}\n--- printed:\n{done.stdout[-3000:]}")
+    return done.stdout
+
+
+def test_make_run_prints_the_readmes_banner(platform, blocks):
+    secrets = json.loads((platform.root / ".dispatch-secrets.json").read_text())
+    printed = platform.log.read_text(errors="replace")
+    for name in ("admin_password", "flower_password", "metrics_token"):
+        printed = printed.replace(secrets[name], "<generated>")
+    expected = platform.substitute(blocks["banner"].command)
+    assert expected in printed, f"--- README:\n{expected}\n--- make run printed:\n{printed[-2000:]}"
+
+
+@pytest.mark.parametrize("name", ["first-dispatch", "lanes", "deadletters", "http-api", "config-file"])
+def test_readme_block_does_what_it_says(platform, blocks, name):
+    _check(platform, blocks[name])
+
+
+def test_bare_celery_snippet_is_admitted_and_followed_through_the_api(platform, blocks, tmp_path):
+    """Run from outside the project (only Celery imported), then follow the message's id as the README says."""
+    message_id = _check(platform, blocks["send-task"], cwd=tmp_path).strip().splitlines()[-1]
+    token = platform.run(".venv/bin/python manage.py api_token create readme-follow --type demo.echo",
+                         "sh").stdout.strip()
+
+    def state(task_id: str) -> dict:
+        request = urllib.request.Request(f"http://127.0.0.1:{platform.web}/api/v1/tasks/{task_id}",
+                                         headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    deadline = time.monotonic() + 30
+    while (answer := state(message_id))["state"] != "SUCCESS" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert answer["state"] == "SUCCESS" and answer["task_name"] == "tasks.dispatch", answer
+    assert answer["result"]["accepted"] is True and answer["dispatched_task_id"] == answer["result"]["task_id"]
+    while (task := state(answer["dispatched_task_id"]))["state"] != "SUCCESS" and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert task["state"] == "SUCCESS" and task["result"] == {"hello": 1}, task
