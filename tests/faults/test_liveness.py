@@ -11,9 +11,9 @@ import threading
 import time
 
 from lanes import keys
-from tests.faults.checker import chat_stalls
 from tests.faults.harness import FaultCluster, LoadRun, dead_letters, deliveries, drain_and_check, pick
 from tests.support.helpers import unique, wait_until
+from tools.loadcheck import chat_stalls
 
 #: Every affected chat moves again within this many seconds of a kill.
 BOUND_S = 10.0
