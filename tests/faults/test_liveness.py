@@ -21,16 +21,18 @@ BOUND_S = 10.0
 PRODUCTION_LEASES = {"DISPATCH_LEASE_S": "30", "DISPATCH_QUEUED_LEASE_S": "60"}
 #: The one window liveness cannot see (docs/liveness.md): Redis handed a message to a main
 #: process's BRPOP in the instant it was killed, before it could name it in its in-hand set.
-#: At most one such message per killed main process (one BRPOP in flight per connection); the
-#: lease sweep republishes it when its queued lease runs out (60 s here, plus a sweep period).
-RACE_BOUND_S = 60 + 15 + BOUND_S
+#: At most one such message per killed main process (one BRPOP in flight per connection), and
+#: only the lease sweep's backstop recovers it: when its queued lease (60 s here) runs out, plus
+#: a sweep period. A chat that waited between ``BOUND_S`` and that is a failure of liveness
+#: (before it, a dead worker's claim came back after its 30 s lease).
+RACE_WINDOW_S = (60 - 5, 60 + 15 + BOUND_S)
 
 
 def _assert_moved(rep, stalled: int, killed_mains: int) -> None:
     """Every chat moved within ``BOUND_S``, but for at most one BRPOP race per killed main process."""
     waits = [e["waited_s"] for e in rep.examples.get("stalled_chats", [])]
     assert stalled <= killed_mains, rep.examples.get("stalled_chats")
-    assert all(w <= RACE_BOUND_S for w in waits), waits
+    assert all(RACE_WINDOW_S[0] <= w <= RACE_WINDOW_S[1] for w in waits), waits
 
 
 def _check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, scenario_id: str, lane: str, record,
