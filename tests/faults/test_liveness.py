@@ -36,13 +36,14 @@ def _assert_moved(rep, stalled: int, killed_mains: int) -> None:
 
 
 def _check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, scenario_id: str, lane: str, record,
-           started: float):
+           started: float, extra: dict):
     rep = drain_and_check(cluster, loads, scenario=scenario, drain_bound=pick(60, 120), lanes=[lane])
     ops = [op for load in loads for op in load.ops()]
     at = {k: t for load in loads for k, t in load.dispatched_at().items()}
     stalled, worst, examples = chat_stalls(
         ops, at, deliveries(cluster.sink.sink, [ld.spec["run"] for ld in loads]), bound=BOUND_S,
         until=time.time(), dead=dead_letters(cluster.types))
+    rep.extra.update(extra)
     rep.extra["chats_stalled_past_bound"] = stalled
     rep.extra["longest_chat_wait_s"] = worst
     if examples:
@@ -81,8 +82,7 @@ def test_l1_main_process_killed_holding_popped_messages(cluster_factory, record)
     load.wait(timeout=duration + 120)
     rep, stalled = _check(cluster, [load], scenario="L1 main process killed holding popped messages",
                           scenario_id="L1-main-killed-holding-popped",
-                          lane=lane, record=record, started=started)
-    rep.extra["kills"] = kills
+                          lane=lane, record=record, started=started, extra={"kills": kills})
     assert held >= 2
     assert rep.accepted > 0 and rep.accounted, rep.summary()
     _assert_moved(rep, stalled, killed_mains=kills)
@@ -117,8 +117,7 @@ def test_l2_pool_child_killed_mid_task(cluster_factory, record):
     thread.join(timeout=30)
     rep, stalled = _check(cluster, [load], scenario="L2 pool child killed mid-task",
                           scenario_id="L2-pool-child-killed", lane=lane, record=record,
-                          started=started)
-    rep.extra["kills"] = kills
+                          started=started, extra={"kills": kills})
     assert kills >= 2
     assert rep.accepted > 0 and rep.accounted, rep.summary()
     assert stalled == 0, rep.examples.get("stalled_chats")
@@ -145,8 +144,7 @@ def test_l3_whole_host_killed(cluster_factory, record):
     load.wait(timeout=duration + 120)
     rep, stalled = _check(cluster, [load], scenario="L3 whole host killed",
                           scenario_id="L3-whole-host-killed", lane=lane, record=record,
-                          started=started)
-    rep.extra["host_processes_killed"] = len(procs_a)
+                          started=started, extra={"host_processes_killed": len(procs_a)})
     assert len(victims) == 2 and len(procs_a) >= 3  # two main processes, pool children, all beating
     assert rep.accepted > 0 and rep.accounted, rep.summary()
     _assert_moved(rep, stalled, killed_mains=len(victims))
