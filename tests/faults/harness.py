@@ -145,7 +145,7 @@ class FaultCluster:
         fields.setdefault("policy", {"max_retries": 8, "initial_backoff": 0.2, "multiplier": 2.0, "max_backoff": 2.0,
                                      "jitter": 0.2})
         self.define(name, handler="http.post", lane=lane, chat_scoped=True, chat_queue_size=chat_queue_size,
-                    options={"url": self.sink.url}, timeout=600, attempt_timeout=10, **fields)
+                    options={"url": self.sink.url}, timeout=600, **{"attempt_timeout": 10, **fields})
         return name
 
     # -- processes ---------------------------------------------------------------

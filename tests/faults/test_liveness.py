@@ -148,3 +148,38 @@ def test_l3_whole_host_killed(cluster_factory, record):
     assert len(victims) == 2 and len(procs_a) >= 3  # two main processes, pool children, all beating
     assert rep.accepted > 0 and rep.accounted, rep.summary()
     _assert_moved(rep, stalled, killed_mains=len(victims))
+
+
+def test_l4_a_stopped_pool_child_is_not_taken_over_before_its_lease(cluster_factory, record):
+    """SIGSTOP a pool child mid-task for longer than its liveness (5 s), well within its lease
+    (30 s): its host vouches for it, nobody else runs its task, and it finishes once woken."""
+    started = time.time()
+    cluster = cluster_factory(env=PRODUCTION_LEASES)
+    lane = unique("fl-lv-stop")
+    name = cluster.http_type(lane, attempt_timeout=60)  # the stop must not look like a slow attempt
+    victim = cluster.worker(lane, concurrency=1, host="hostA")
+    load = cluster.constant_load(name, rate=2, duration=1.5, chats=1,
+                                 mix=[{"kind": "slow", "type": name, "weight": 1, "payload": {"sink_delay_s": 4}}])
+    sink = cluster.sink.sink
+    wait_until(lambda: sink.in_flight and max(sink.in_flight.values()) > 0, timeout=30, what="a task in flight")
+    cluster.worker(lane, concurrency=2, host="hostB")  # a live worker that could take it over
+    child = victim.children()[0]
+    os.kill(child, signal.SIGSTOP)
+    try:
+        time.sleep(leases_ttl_s() + 6)  # its beat is long gone; its lease is not
+        vouched = cluster.client().zscore(keys.PROCS_VOUCHED, f"hostA:{child}")
+    finally:
+        os.kill(child, signal.SIGCONT)
+    load.wait(timeout=120)
+    rep, _stalled = _check(cluster, [load], scenario="L4 pool child stopped (SIGSTOP) mid-task",
+                          scenario_id="L4-pool-child-stopped", lane=lane, record=record, started=started,
+                          extra={"stopped_s": leases_ttl_s() + 6})
+    assert vouched is not None and vouched > 0
+    assert rep.accepted >= 2 and rep.accounted, rep.summary()
+    assert rep.redeliveries == 0, "a stopped process's task was taken over before its lease ran out"
+
+
+def leases_ttl_s() -> float:
+    from lanes.leases import LIVENESS_TTL_S
+
+    return LIVENESS_TTL_S
