@@ -269,7 +269,8 @@ def judge_peers(peers: list[tuple[str, float]], now_ms: int, me: str) -> tuple[l
     wake and finish its effect, so its claims are left to their leases. A
     zombie (killed, not yet reaped) is dead.
     """
-    dead, vouched = [], []
+    dead: list[str] = []
+    vouched: list[str] = []
     late_ms = now_ms + (LIVENESS_TTL_S - PEER_LATE_S) * 1000
     for proc, expiry in peers:
         if proc == me or expiry <= 0 or expiry > late_ms:
