@@ -7,8 +7,8 @@ each task was applied):
 - **rate**: a global limit of ``rate``/s, demand far above it (every task
   dispatched at once): the applied rate after the burst, as a share of the limit;
 - **fair share**: a fair-share key limit with weights, every key flooded at once:
-  each key's share of the first completions while every key still had a backlog,
-  against its weight's share.
+  each key's share of the completions from the moment every task was queued
+  until the first key ran out of backlog, against its weight's share.
 
 The limits and types it creates are named ``limitbench-<run>`` and deleted afterwards.
 """
@@ -151,12 +151,17 @@ def run_limitbench(*, lane: str, rate: float, burst: int, seconds: float, latenc
             for k in keys_:
                 admit(name, {"run": frun, "latency_ms": latency_ms, "seq": i}, limit_key=k,
                       idempotency_key=f"{frun}:{k}:{i}")
+        queued_at = time.time()
         total = fair_per_key * len(keys_)
         applied = _wait_applied(client, frun, total, total / max(1.0, fair_window) + 120, progress)
-        order = [key.split(":")[1] for key, _ in applied]
+        # While the flood is being dispatched the window often has room and tasks start in dispatch order;
+        # the weights divide the backlog: count from the moment every task was queued.
+        before = [key.split(":")[1] for key, t in applied if t < queued_at]
+        after = [key.split(":")[1] for key, t in applied if t >= queued_at]
+        backlog = {k: fair_per_key - before.count(k) for k in keys_}
         report.fair = {"limit": lim, "window": fair_window, "weights": fair_weights, "per_key": fair_per_key,
-                       "applied": len(applied),
-                       "shares": shares(order, fair_weights, dict.fromkeys(keys_, fair_per_key))}
+                       "applied": len(applied), "applied_while_dispatching": len(before),
+                       "backlog_when_queued": backlog, "shares": shares(after, fair_weights, backlog)}
     finally:
         _cleanup(made)
     return report
