@@ -147,15 +147,21 @@ def run_limitbench(*, lane: str, rate: float, burst: int, seconds: float, latenc
         made.append(name)
         frun = f"limitbench-{run}-fair"
         keys_ = sorted(set(fair_weights) | {"plain"})
+        # A plug fills the window first (slow tasks of their own key), so the flood queues behind it
+        # whole and the weights divide all of it, not the order it was dispatched in.
+        plug_ms = 8000.0
+        for i in range(fair_window):
+            admit(name, {"run": frun, "latency_ms": plug_ms, "seq": i}, limit_key="plug",
+                  idempotency_key=f"{frun}:plug:{i}")
         for i in range(fair_per_key):
             for k in keys_:
                 admit(name, {"run": frun, "latency_ms": latency_ms, "seq": i}, limit_key=k,
                       idempotency_key=f"{frun}:{k}:{i}")
         queued_at = time.time()
-        total = fair_per_key * len(keys_)
+        total = fair_per_key * len(keys_) + fair_window
         applied = _wait_applied(client, frun, total, total / max(1.0, fair_window) + 120, progress)
-        # While the flood is being dispatched the window often has room and tasks start in dispatch order;
-        # the weights divide the backlog: count from the moment every task was queued.
+        applied = [(key, t) for key, t in applied if key.split(":")[1] != "plug"]
+        # Anything applied before the whole flood was queued (the plug was too short) is left out.
         before = [key.split(":")[1] for key, t in applied if t < queued_at]
         after = [key.split(":")[1] for key, t in applied if t >= queued_at]
         backlog = {k: fair_per_key - before.count(k) for k in keys_}
