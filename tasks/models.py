@@ -197,6 +197,14 @@ class TaskType(models.Model):
         """The type's limits in their order (``position``)."""
         return [row.limit.name for row in self.limit_rows.select_related("limit").order_by("position", "id")]
 
+    def set_limits(self, limits: list[Limit]) -> None:
+        """Make ``limits`` (in order) this type's limits; each row saved, so the config version is bumped."""
+        if [limit.pk for limit in limits] == [row.limit_id for row in self.limit_rows.order_by("position", "id")]:
+            return
+        self.limit_rows.all().delete()
+        for position, limit in enumerate(limits):
+            TaskTypeLimit.objects.create(task_type=self, limit=limit, position=position)
+
     def __str__(self) -> str:
         return self.name
 

@@ -28,7 +28,7 @@ def config(prefix: str, **type_overrides) -> dict:
 def test_apply_then_export_round_trips():
     prefix = unique("cfg")
     counts = apply_config(config(prefix, chat_scoped=True, chat_queue_size=7))
-    assert counts == {"retry_policies": 1, "lanes": 1, "limits": 0, "task_types": 1}
+    assert counts == {"retry_policies": 1, "lanes": 1, "task_types": 1}
     exported = export_config()
     tt = next(t for t in exported["task_types"] if t["name"] == f"{prefix}.echo")
     assert tt["lane"] == f"{prefix}-lane" and tt["chat_queue_size"] == 7 and tt["priority"] == 3
