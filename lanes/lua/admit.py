@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from lanes import keys
 from lanes.lua.loader import call
 
@@ -19,6 +21,11 @@ def admit(
 
     ``now`` and ``deadline`` are epoch seconds; ``chat`` and ``idempotency_key``
     are '' when the task has none (``payload_digest`` then too).
+
+    With ``DISPATCH_REPLICA_ACKS`` = N > 0, an 'ok' or 'dup' reply is returned
+    only once N replicas hold the write (``WAIT``), so a failover cannot lose a
+    task reported accepted; else ``lanes.lua.loader.ReplicaAcksMissing`` (a
+    ``RedisError``: dispatch answers ``unavailable``, outcome unknown).
     """
     minute = int(now // 60)
     record = keys.task_record(task_id, chat or None)
@@ -39,4 +46,11 @@ def admit(
             capacity, chat, chat_queue_size, payload_digest, idempotency_window_s, queued_lease_ms,
             lane, task_type, "1" if replace_idempotency else "0", int(deadline * 1000),
         ],
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=reports_a_task,
     )
+
+
+def reports_a_task(reply: list[Any]) -> bool:
+    """Whether admit.lua's reply tells the caller of a stored task ('ok', 'dup')."""
+    return reply[0] in (b"ok", b"dup")
