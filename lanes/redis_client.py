@@ -132,3 +132,29 @@ def reset_redis() -> None:
     with _lock:
         _client = None
         _sentinel = None
+
+
+def redis_topology() -> dict[str, Any]:
+    """Which Redis the platform writes to now, and how many failovers its Sentinels have made.
+
+    ``master`` is ``host:port``; ``failovers`` is the Sentinels' configuration
+    epoch for the master (0 at start, +1 per failover; 0 without Sentinel);
+    ``replicas`` the master's connected replicas (``INFO replication``).
+    """
+    client = get_redis()
+    pool = client.connection_pool
+    sentinel = get_sentinel()
+    failovers = 0
+    if sentinel is not None:
+        host, port = pool.get_master_address()  # type: ignore[attr-defined]  # a SentinelConnectionPool
+        for node in sentinel.sentinels:
+            try:
+                failovers = int(node.sentinel_master(settings.DISPATCH_SENTINEL_MASTER)["config-epoch"])
+                break
+            except (redis.RedisError, KeyError):
+                continue
+    else:
+        host, port = pool.connection_kwargs.get("host", ""), pool.connection_kwargs.get("port", 0)
+    replication = client.info("replication")
+    return {"master": f"{host}:{port}", "sentinel": sentinel is not None, "failovers": failovers,
+            "role": replication.get("role", ""), "replicas": int(replication.get("connected_slaves", 0))}

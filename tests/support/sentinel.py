@@ -9,7 +9,9 @@ Quacks like ``tests.support.redis_server.RedisServer`` (``url``, ``client()``,
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -48,15 +50,82 @@ class _Process:
         return self.proc is not None and self.proc.poll() is None
 
 
+class ReplicationLink:
+    """A loopback TCP relay between a replica and its primary that the test can stall.
+
+    Stalled, it holds what the primary sends (the replica falls behind, as on a
+    slow link); when the primary dies, what it held is dropped with it, which is
+    what asynchronous replication loses in a failover. (A SIGSTOPped replica
+    would not do: the kernel keeps the bytes in its socket and it reads them on
+    SIGCONT.)
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(4)
+        self.port = self.listener.getsockname()[1]
+        self.flowing = threading.Event()
+        self.flowing.set()
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                downstream, _ = self.listener.accept()
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                continue
+            upstream.settimeout(None)
+            threading.Thread(target=self._pump, args=(downstream, upstream, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, downstream, True), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, stallable: bool) -> None:
+        held: list[bytes] = []
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if stallable and not self.flowing.is_set():
+                    held.append(data)
+                    continue
+                for chunk in held:
+                    dst.sendall(chunk)
+                held.clear()
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def stall(self) -> None:
+        self.flowing.clear()
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+
+
 class SentinelTopology:
-    def __init__(self, data_dir: Path, password: str, master_name: str = MASTER_NAME) -> None:
+    def __init__(self, data_dir: Path, password: str, master_name: str = MASTER_NAME, replicas: int = 1) -> None:
         self.data_dir = data_dir
         self.password = password
         self.master_name = master_name
         self.appendfsync = "everysec"
-        ports = [free_port() for _ in range(5)]
-        self.nodes = [self._node("primary", ports[0], None), self._node("replica", ports[1], ports[0])]
-        self.sentinels = [self._sentinel(f"sentinel{i}", port, ports[0]) for i, port in enumerate(ports[2:])]
+        ports = [free_port() for _ in range(replicas + 4)]
+        self.links = [ReplicationLink(ports[0]) for _ in range(replicas)]
+        self.nodes = [self._node("primary", ports[0], None),
+                      *(self._node(f"replica{i}", ports[1 + i], link.port) for i, link in enumerate(self.links))]
+        self.sentinels = [self._sentinel(f"sentinel{i}", port, ports[0])
+                          for i, port in enumerate(ports[replicas + 1:])]
         self._sentinel_client: Sentinel | None = None
 
     # -- configuration ---------------------------------------------------------
@@ -127,10 +196,10 @@ class SentinelTopology:
         for node in self.nodes:
             node.start()
         deadline = time.monotonic() + timeout
-        replica = self.node_client(self.nodes[1])
+        replicas = [self.node_client(node) for node in self.nodes[1:]]
         while True:
             try:
-                if replica.info("replication").get("master_link_status") == "up":
+                if all(r.info("replication").get("master_link_status") == "up" for r in replicas):
                     break
             except redis.RedisError:
                 pass
@@ -142,7 +211,8 @@ class SentinelTopology:
         while True:
             try:
                 ready = all(self._sentinel_node(s).sentinel_master(self.master_name)["num-other-sentinels"] == 2
-                            and self._sentinel_node(s).sentinel_slaves(self.master_name) for s in self.sentinels)
+                            and len(self._sentinel_node(s).sentinel_slaves(self.master_name)) == len(replicas)
+                            for s in self.sentinels)
                 if ready:
                     return self
             except (redis.RedisError, KeyError):
@@ -166,6 +236,15 @@ class SentinelTopology:
         self.master_node().kill(signal.SIGKILL)
         return address
 
+    def replicas(self) -> list[_Process]:
+        master = self.master_node()
+        return [n for n in self.nodes if n is not master and n.alive()]
+
+    def stall_replication(self) -> None:
+        """The first primary's replicas stop receiving its writes (they lag; ``ReplicationLink``)."""
+        for link in self.links:
+            link.stall()
+
     def wait_failover(self, old: tuple[str, int], timeout: float = 30) -> tuple[str, int]:
         """Until the Sentinels name a new master that answers as one; returns its address."""
         deadline = time.monotonic() + timeout
@@ -184,6 +263,8 @@ class SentinelTopology:
     def stop(self, kill: bool = False) -> None:
         for process in [*self.sentinels, *self.nodes]:
             process.kill(signal.SIGKILL if kill else signal.SIGTERM)
+        for link in self.links:
+            link.close()
         self._sentinel_client = None
 
     def logs(self) -> list[Path]:
