@@ -51,13 +51,15 @@ class _Process:
 
 
 class ReplicationLink:
-    """A loopback TCP relay between a replica and its primary that the test can stall.
+    """A loopback TCP relay in front of the primary that can stall its replication stream.
 
-    Stalled, it holds what the primary sends (the replica falls behind, as on a
-    slow link); when the primary dies, what it held is dropped with it, which is
-    what asynchronous replication loses in a failover. (A SIGSTOPped replica
-    would not do: the kernel keeps the bytes in its socket and it reads them on
-    SIGCONT.)
+    Everyone reaches the first primary through it (clients, Sentinels, replicas:
+    Sentinel would re-point a replica that named another address than the one
+    it monitors). Stalled, it holds what the primary sends on replication
+    connections (those that sent ``PSYNC``/``SYNC``): the replicas fall behind,
+    as on a slow link; when the primary dies, what it held is dropped with it,
+    which is what asynchronous replication loses in a failover. (A SIGSTOPped
+    replica would not do: the kernel keeps the bytes in its socket.)
     """
 
     def __init__(self, target_port: int) -> None:
@@ -65,7 +67,7 @@ class ReplicationLink:
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(4)
+        self.listener.listen(64)
         self.port = self.listener.getsockname()[1]
         self.flowing = threading.Event()
         self.flowing.set()
@@ -76,21 +78,28 @@ class ReplicationLink:
         while not self.closed:
             try:
                 downstream, _ = self.listener.accept()
-                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
             except OSError:
                 continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                downstream.close()
+                continue
             upstream.settimeout(None)
-            threading.Thread(target=self._pump, args=(downstream, upstream, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, downstream, True), daemon=True).start()
+            state = {"replication": False}
+            threading.Thread(target=self._pump, args=(downstream, upstream, state, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, downstream, state, True), daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, stallable: bool) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, state: dict, from_primary: bool) -> None:
         held: list[bytes] = []
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                if stallable and not self.flowing.is_set():
+                if not from_primary and (b"PSYNC" in data.upper() or b"SYNC" in data.upper()):
+                    state["replication"] = True
+                if from_primary and state["replication"] and not self.flowing.is_set():
                     held.append(data)
                     continue
                 for chunk in held:
@@ -121,10 +130,10 @@ class SentinelTopology:
         self.master_name = master_name
         self.appendfsync = "everysec"
         ports = [free_port() for _ in range(replicas + 4)]
-        self.links = [ReplicationLink(ports[0]) for _ in range(replicas)]
+        self.link = ReplicationLink(ports[0])
         self.nodes = [self._node("primary", ports[0], None),
-                      *(self._node(f"replica{i}", ports[1 + i], link.port) for i, link in enumerate(self.links))]
-        self.sentinels = [self._sentinel(f"sentinel{i}", port, ports[0])
+                      *(self._node(f"replica{i}", ports[1 + i], self.link.port) for i in range(replicas))]
+        self.sentinels = [self._sentinel(f"sentinel{i}", port, self.link.port)
                           for i, port in enumerate(ports[replicas + 1:])]
         self._sentinel_client: Sentinel | None = None
 
@@ -181,7 +190,7 @@ class SentinelTopology:
 
     def master_node(self) -> _Process:
         _, port = self.master_address()
-        return next(n for n in self.nodes if n.port == port)
+        return next(n for n in self.nodes if n.port == (self.nodes[0].port if port == self.link.port else port))
 
     @property
     def proc(self) -> subprocess.Popen | None:
@@ -242,8 +251,7 @@ class SentinelTopology:
 
     def stall_replication(self) -> None:
         """The first primary's replicas stop receiving its writes (they lag; ``ReplicationLink``)."""
-        for link in self.links:
-            link.stall()
+        self.link.stall()
 
     def wait_failover(self, old: tuple[str, int], timeout: float = 30) -> tuple[str, int]:
         """Until the Sentinels name a new master that answers as one; returns its address."""
@@ -263,8 +271,7 @@ class SentinelTopology:
     def stop(self, kill: bool = False) -> None:
         for process in [*self.sentinels, *self.nodes]:
             process.kill(signal.SIGKILL if kill else signal.SIGTERM)
-        for link in self.links:
-            link.close()
+        self.link.close()
         self._sentinel_client = None
 
     def logs(self) -> list[Path]:
