@@ -1,4 +1,4 @@
-"""Scenario 9: the Redis master SIGKILLed under dispatch load; Redis Sentinel promotes a replica.
+"""Scenario 11: the Redis master SIGKILLed under dispatch load; Redis Sentinel promotes a replica.
 
 Real processes only: a primary, two replicas and three Sentinels (tests/support/sentinel.py),
 workers and load generators pointed at the Sentinels (``REDIS_URL=sentinel://...``).
@@ -123,7 +123,7 @@ def _run(cluster: FaultCluster, acks: int, record, scenario_id: str, started: fl
     pids = [w.pid for w in workers]
     assert 'dispatch_redis_failovers_total 0.0' in _scrape(cluster.redis)
     load, killed_at, failed_over_at, old, new = _failover_phase(cluster, name, lane)
-    rep = drain_and_check(cluster, [load], scenario=f"9{'ab'[acks]} Sentinel failover, DISPATCH_REPLICA_ACKS={acks}",
+    rep = drain_and_check(cluster, [load], scenario=f"11{'ab'[acks]} Sentinel failover, DISPATCH_REPLICA_ACKS={acks}",
                           drain_bound=pick(60, 90), lanes=[lane])
     entries = load.entries()
     applied = cluster.sink.sink.applied
@@ -159,20 +159,20 @@ def _run(cluster: FaultCluster, acks: int, record, scenario_id: str, started: fl
     return rep, name
 
 
-def test_09a_failover_without_replica_acks_loses_at_most_the_last_moment(sentinel_cluster, record):
+def test_11a_failover_without_replica_acks_loses_at_most_the_last_moment(sentinel_cluster, record):
     started = time.time()
     cluster = sentinel_cluster({"DISPATCH_REPLICA_ACKS": "0"})
-    rep, _ = _run(cluster, 0, record, "09a-sentinel-failover-acks0", started)
+    rep, _ = _run(cluster, 0, record, "11a-sentinel-failover-acks0", started)
     # Lost: only what was accepted while the replicas lagged (not yet replicated), never older.
     info = rep.extra["failover"]
     assert rep.lost <= info["accepted_while_replicas_lagged"] + 2, rep.summary()
     assert all(x <= LAG_S + 0.3 for x in info["lost_accepted_s_before_kill"]), rep.summary()
 
 
-def test_09b_failover_with_replica_acks_loses_nothing(sentinel_cluster, record):
+def test_11b_failover_with_replica_acks_loses_nothing(sentinel_cluster, record):
     started = time.time()
     cluster = sentinel_cluster({"DISPATCH_REPLICA_ACKS": "1"})
-    rep, name = _run(cluster, 1, record, "09b-sentinel-failover-acks1", started)
+    rep, name = _run(cluster, 1, record, "11b-sentinel-failover-acks1", started)
     assert rep.lost == 0, rep.summary()
     # The price of the guarantee, measured side by side in one run against this topology.
     from lanes.redis_client import reset_redis
@@ -187,4 +187,4 @@ def test_09b_failover_with_replica_acks_loses_nothing(sentinel_cluster, record):
             reset_redis()
             config.reload()
     rep.extra["dispatch_latency"] = latency
-    record("09c-replica-acks-latency", rep, started)
+    record("11c-replica-acks-latency", rep, started)
