@@ -1,1 +1,2 @@
-"""The measuring tools: load test, benchmark, their checker and probe, and the ``loadtest.sink`` handler."""
+"""The measuring tools: load test, benchmark, the load generator and checker (the fault campaign's too),
+probe, and the ``loadtest.sink`` handler."""

@@ -1,10 +1,11 @@
 """The verified stepped load test that ``manage.py loadtest`` runs against a live platform.
 
-For each step (a rate in tasks/s held for ``step_seconds``) an open-loop
-generator dispatches chat-scoped messages of the sink type on a fixed schedule:
-message ``i`` is due at ``start + i / rate`` whatever happened to earlier ones,
-and its dispatch latency is measured from that due time, so a slow platform
-shows up as latency instead of being hidden by a generator that waits for it
+For each step (a rate in tasks/s held for ``step_seconds``) the open-loop
+generator (``tools/loadgen.py``, the fault campaign's too) dispatches
+chat-scoped messages of the sink type on a fixed schedule: message ``i`` is
+due at ``start + i / rate`` whatever happened to earlier ones, and its
+dispatch latency is measured from that due time, so a slow platform shows up
+as latency instead of being hidden by a generator that waits for it
 (coordinated omission). Each chat's messages are sent by one sender thread in
 order, carrying a per-chat sequence number and a unique idempotency key.
 
@@ -34,11 +35,11 @@ from lanes import keys
 from lanes.redis_client import get_redis
 from tasks import config
 from tasks.dispatch import admit
-from tools import probe
+from tools import loadgen, probe
 from tools.loadcheck import (
     Sent,
     StepLoad,
-    check,
+    check_applied,
     completed_between,
     depth_grows,
     depth_slope,
@@ -210,21 +211,21 @@ class LoadTest:
         before_probe = probe.read_dir(o.probe_dir) if o.probe_dir else {}
         before_local = probe.snapshot()
         before_rows = _result_rows()
-        results: list[list[Sent]] = [[] for _ in plan]
+        results: list[Sent] = []
+        run = self.run_id
+        schedules = [loadgen.planned([loadgen.Message(i, self.tc.name, f"lt-{run}-{chat}", seq,
+                                                      f"lt:{run}:{chat}:{seq}", {**payload_base, "seq": seq})
+                                      for i, chat, seq in part])
+                     for part in plan]
         start = time.time() + 0.05
-        threads = [
-            threading.Thread(target=self._send, args=(part, results[j], start, rate, payload_base),
-                             name=f"loadtest-sender-{j}", daemon=True)
-            for j, part in enumerate(plan)
-        ]
         monitor = _Monitor(self, step, step_run, index, start, n)
-        for t in threads:
-            t.start()
         monitor.start()
-        for t in threads:
-            t.join()
+        # Open loop, one call per message (retry_for=0): each answer is what the step measures.
+        loadgen.send(schedules, admit=admit, start=start, rate=rate, stop=self.stop, retry_for=0,
+                     timeout=self.tc.timeout_s, record=lambda entry: results.append(Sent.from_entry(entry)),
+                     name="loadtest-sender")
         end = time.time()
-        sent = sorted((s for part in results for s in part), key=lambda s: s.scheduled_ms)
+        sent = sorted(results, key=lambda s: s.scheduled_ms)
         step.interrupted = self.stop.is_set()
         step.seconds = round(end - start, 3)
         step.sent = len(sent)
@@ -255,7 +256,7 @@ class LoadTest:
         counts, log = self._read_record(step_run)
         applied_keys = {k for k, v in counts.items() if v > 0}
         dead_ids = _dead_task_ids([s.task_id for s in accepted if s.key not in applied_keys and s.task_id])
-        verdict = check(sent, log, counts, dead_ids)
+        verdict = check_applied(sent, log, counts, dead_ids)
         step.applied, step.dead, step.lost = verdict.applied, verdict.dead, verdict.lost
         step.duplicates, step.order_violations, step.unknown = verdict.duplicates, verdict.order_violations, \
             verdict.unknown
@@ -294,27 +295,6 @@ class LoadTest:
         step.passed, step.why = ok, why
         self.progress("")
         return step
-
-    def _send(self, part: list[tuple[int, int, int]], out: list[Sent], start: float, rate: float,
-              payload_base: dict) -> None:
-        run = self.run_id
-        timeout = self.tc.timeout_s
-        for i, chat, seq in part:
-            if self.stop.is_set():
-                return
-            due = start + i / rate
-            wait = due - time.time()
-            if wait > 0:
-                if self.stop.wait(wait):
-                    return
-            key = f"lt:{run}:{chat}:{seq}"
-            chat_id = f"lt-{run}-{chat}"
-            began = time.time()
-            result = admit(self.tc.name, {**payload_base, "seq": seq}, chat_id=chat_id, idempotency_key=key,
-                           timeout=timeout)
-            done = time.time()
-            out.append(Sent(key, chat_id, seq, result.accepted, result.task_id, result.reason,
-                            due * 1000, done * 1000, began * 1000))
 
     def _drain(self, accepted: list[Sent], end: float) -> tuple[bool, float | None, int]:
         """Poll the task records until all are terminal; returns (drained, seconds after the step, pending)."""

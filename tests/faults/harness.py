@@ -23,10 +23,10 @@ from pathlib import Path
 import redis
 
 from lanes import keys
-from tests.faults.checker import Delivery, Op, Report, check
 from tests.support.helpers import define, unique
 from tests.support.redis_server import RedisServer
 from tests.support.workers import ROOT, Worker
+from tools.loadcheck import Delivery, Op, Report, check
 
 LONG = os.environ.get("FAULTS_LONG") == "1"
 ARTIFACTS = ROOT / "test-artifacts"
@@ -50,7 +50,7 @@ class LoadRun:
         self.started = time.time()
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.faults.loadgen", str(self.spec_path), str(self.history_path)],
+            [sys.executable, "-m", "tools.loadgen", str(self.spec_path), str(self.history_path)],
             cwd=ROOT, env={**os.environ, **cluster.env}, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True,
         )

@@ -12,9 +12,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from lanes import keys
-from tests.faults.checker import Op, check
 from tests.faults.harness import deliveries, pick
 from tests.support.helpers import define, lane_depth, unique, wait_until
+from tools.loadcheck import Op, check
 
 
 def _race(cluster, calls: list[dict], processes: int):
@@ -285,7 +285,7 @@ def test_08_hostile_input_at_every_door(start_worker, sink, rc, tmp_path, record
     after = dispatch.delay(name, {"after": "hostile"}, chat_id="after")
     assert after.accepted and AsyncResult(after.task_id).get(timeout=30) == {"status": 200}
     assert worker.alive()
-    from tests.faults.checker import Report
+    from tools.loadcheck import Report
 
     rep = Report(scenario="8 hostile input", offered=offered + 1, accepted=accepted + 1, rejected=refused,
                  succeeded=accepted + 1, dead=0)

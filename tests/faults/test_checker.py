@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.faults.checker import Delivery, Op, check
+from tools.loadcheck import Delivery, Op, check
 
 
 def op(chat: str, seq: int, accepted=True, task: str | None = None, reason: str = "") -> Op:

@@ -27,10 +27,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
-from tests.faults.checker import Report
 from tests.support.helpers import define, unique, wait_until
 from tests.support.redis_server import free_port
 from tests.support.workers import CELERY, ROOT
+from tools.loadcheck import Report
 
 
 def _run_services_commands(monkeypatch, envs: dict | None = None) -> dict[str, str]:

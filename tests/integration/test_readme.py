@@ -15,12 +15,8 @@ differing. Stopped by Ctrl-C (SIGINT to its process group), then by PID.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.make_run import copy_project, http_status, make_run, plain_env
 from tests.support.redis_server import free_port
 from tests.support.workers import ROOT
 
@@ -117,81 +114,18 @@ class Platform:
                               timeout=BLOCK_TIMEOUT_S)
 
 
-def _status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
-    except OSError:
-        return None
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        found.append(pid)
-        todo.extend(children.get(pid, []))
-    return found
-
-
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory):
-    root = tmp_path_factory.mktemp("readme") / "project"
-    shutil.copytree(ROOT, root, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv", "var", "test-artifacts", "staticfiles", "__pycache__", ".pytest_cache", ".ruff_cache",
-        ".dispatch-secrets.json", ".hypothesis"))
-    (root / ".venv").symlink_to(Path(sys.executable).parent.parent)  # the README's commands say .venv/bin/python
+    root = copy_project(tmp_path_factory.mktemp("readme") / "project", venv=True)  # the README says .venv/bin/python
     web, flower, redis_port = free_port(), free_port(), free_port()
-    env = {k: v for k, v in os.environ.items()
-           if k not in {"REDIS_URL", "DATABASE_URL", "DISPATCH_SECRETS_FILE", "DISPATCH_RUNTIME_FILE",
-                         "DJANGO_SETTINGS_MODULE", "DISPATCH_LEASE_S", "DISPATCH_QUEUED_LEASE_S",
-                         "CELERY_WORKER_SEND_TASK_EVENTS", "ALLOWED_HOSTS"}}
+    env = plain_env({"DISPATCH_LEASE_S", "DISPATCH_QUEUED_LEASE_S", "CELERY_WORKER_SEND_TASK_EVENTS", "ALLOWED_HOSTS"})
     # The README's default worker groups, one instance each and fewer threads: the machine is shared.
     run_env = {**env, "WEB_PORT": str(web), "FLOWER_PORT": str(flower), "REDIS_PORT": str(redis_port),
                "WORKER_REALTIME_INSTANCES": "1", "WORKER_CONCURRENCY": "2", "REDIS_APPENDFSYNC": "everysec"}
-    log_path = root / "run.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "scripts/run.py"], cwd=root, env=run_env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    seen: set[int] = set()
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
-            seen.update(_descendants(proc.pid))
-            if (b"Ctrl-C stops everything" in log_path.read_bytes()
-                    and _status(f"http://127.0.0.1:{web}/admin/login/") == 200):
-                break
-            time.sleep(0.5)
-        else:
-            pytest.fail(f"make run not up within {START_TIMEOUT_S}s: {log_path.read_text(errors='replace')[-3000:]}")
+    with make_run(root, run_env, lambda: http_status(f"http://127.0.0.1:{web}/admin/login/") == 200,
+                  timeout_s=START_TIMEOUT_S) as run:
         # Commands run in the project folder with a plain environment: they find the ports in var/runtime.json.
-        yield Platform(root, web, flower, redis_port, env, log_path)
-    finally:
-        seen.update(_descendants(proc.pid))
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: honcho stops its processes, then Redis stops
-            try:
-                proc.wait(timeout=45)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        for pid in seen - {proc.pid}:  # anything this run started that is still running (same cwd)
-            try:
-                if os.readlink(f"/proc/{pid}/cwd").startswith(str(root)):
-                    os.kill(pid, signal.SIGKILL)
-            except (FileNotFoundError, ProcessLookupError, PermissionError):
-                pass
+        yield Platform(root, web, flower, redis_port, env, run.log_path)
 
 
 @pytest.fixture(scope="module")

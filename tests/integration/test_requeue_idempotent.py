@@ -58,10 +58,10 @@ def test_requeue_after_a_lost_db_update_makes_one_task(rc, monkeypatch, key):
 
 
 def test_requeue_after_an_unknown_redis_outcome_makes_one_task(rc, monkeypatch):
-    from tasks import dispatch as dispatch_module
+    from lanes.lua import admit as admit_wrapper
 
     row = _dead_row(chat=True)
-    real_call = dispatch_module.scripts.call
+    real_call = admit_wrapper.call
     state = {"timed_out": False}
 
     def call(name, keys_, args):
@@ -71,7 +71,7 @@ def test_requeue_after_an_unknown_redis_outcome_makes_one_task(rc, monkeypatch):
             raise redis.TimeoutError("simulated: Timeout reading from socket")
         return reply
 
-    monkeypatch.setattr(dispatch_module.scripts, "call", call)
+    monkeypatch.setattr(admit_wrapper, "call", call)  # the one place that runs admit.lua
     with pytest.raises(dead_letters.RequeueError, match="outcome unknown"):
         dead_letters.requeue(row, actor="op")
     assert _dispatched(rc, row) == 1

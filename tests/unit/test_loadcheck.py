@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tools.loadcheck import Applied, Sent, check, parse_log_line, percentiles, step_passed
+from tools.loadcheck import Applied, Sent, parse_log_line, percentiles, step_passed
+from tools.loadcheck import check_applied as check
 
 
 def sent(chat: str, seq: int, accepted: bool = True, task_id: str | None = None) -> Sent:
