@@ -198,5 +198,5 @@ class SentinelLaneChannel(LaneChannel, kombu_redis.SentinelChannel):
 class SentinelTransport(Transport):
     """``lanes.transport:Transport`` through Redis Sentinel (``REDIS_URL=sentinel://...``)."""
 
-    default_port = kombu_redis.SentinelTransport.default_port
+    default_port = kombu_redis.SentinelTransport.default_port  # type: ignore[assignment]  # kombu types it None
     Channel = SentinelLaneChannel
