@@ -138,7 +138,8 @@ def redis_topology() -> dict[str, Any]:
     """Which Redis the platform writes to now, and how many failovers its Sentinels have made.
 
     ``master`` is ``host:port``; ``failovers`` is the Sentinels' configuration
-    epoch for the master (0 at start, +1 per failover; 0 without Sentinel);
+    epoch for the master (0 at start, +1 per election: a failover whose first
+    vote split counts 2; 0 without Sentinel);
     ``replicas`` the master's connected replicas (``INFO replication``).
     """
     client = get_redis()

@@ -142,7 +142,8 @@ def topology_families(topology: dict) -> list[Metric]:
     return [
         master,
         CounterMetricFamily("dispatch_redis_failovers", "Failovers of the Redis master, as its Sentinels count "
-                            "them (their configuration epoch; 0 without Sentinel).", value=topology["failovers"]),
+                            "them: their configuration epoch, +1 per election (a failover whose first vote split "
+                            "counts 2); 0 without Sentinel.", value=topology["failovers"]),
         GaugeMetricFamily("dispatch_redis_connected_replicas", "Replicas connected to the Redis master.",
                           value=topology["replicas"]),
     ]

@@ -15,12 +15,14 @@ the new master and counts the failover. Also dispatch latency with 0 vs 1.
 
 from __future__ import annotations
 
+import re
 import secrets
 import shutil
 import statistics
 import time
 
 import pytest
+import redis
 from django.test import Client, override_settings
 
 from tests.faults.harness import ARTIFACTS, FaultCluster, drain_and_check, pick
@@ -108,9 +110,21 @@ def _failover_phase(cluster: FaultCluster, name: str, lane: str) -> tuple:
     old = topology.kill_master()
     new = topology.wait_failover(old)
     failed_over_at = time.time()
+    # Under load the Sentinels may elect twice (two leaders in successive epochs, the later one
+    # promoting the other, staler replica a second later): follow the master until it holds 4 s.
+    switches, settled_at = [new], failed_over_at
+    while time.time() - settled_at < 4.0:
+        try:
+            now_master = topology.master_address()
+        except redis.RedisError:
+            now_master = switches[-1]
+        if now_master != switches[-1]:
+            switches.append(now_master)
+            settled_at = time.time()
+        time.sleep(0.1)
     load.wait(timeout=duration + 120)
-    load.lag_from = lag_from
-    return load, killed_at, failed_over_at, old, new
+    load.lag_from, load.failed_over_at, load.switches = lag_from, failed_over_at, switches
+    return load, killed_at, settled_at, old, switches[-1]
 
 
 def _run(cluster: FaultCluster, acks: int, record, scenario_id: str, started: float):
@@ -122,17 +136,21 @@ def _run(cluster: FaultCluster, acks: int, record, scenario_id: str, started: fl
     workers = [cluster.worker(lane, concurrency=2), cluster.worker(lane, pool="threads", concurrency=4)]
     pids = [w.pid for w in workers]
     assert 'dispatch_redis_failovers_total 0.0' in _scrape(cluster.redis)
-    load, killed_at, failed_over_at, old, new = _failover_phase(cluster, name, lane)
+    load, killed_at, settled_at, old, new = _failover_phase(cluster, name, lane)
     rep = drain_and_check(cluster, [load], scenario=f"11{'ab'[acks]} Sentinel failover, DISPATCH_REPLICA_ACKS={acks}",
                           drain_bound=pick(60, 90), lanes=[lane])
     entries = load.entries()
     applied = cluster.sink.sink.applied
-    after = [e for e in entries if e["t"] > failed_over_at]
+    after = [e for e in entries if e["t"] > settled_at]
     by_key = {e["key"]: e for e in entries}
     lost_at = sorted(round(killed_at - by_key[k]["done"], 3) for k in rep.lost_keys if k in by_key)
     rep.extra["failover"] = {
         "replica_acks": acks, "old_master": f"{old[0]}:{old[1]}", "new_master": f"{new[0]}:{new[1]}",
-        "failover_s": round(failed_over_at - killed_at, 2), "lost": rep.lost,
+        "failover_s": round(load.failed_over_at - killed_at, 2), "lost": rep.lost,
+        "masters_elected": len(load.switches), "settled_s_after_kill": round(settled_at - killed_at, 2),
+        # Lost when the Sentinels elected twice: what the short-lived master accepted, too.
+        "accepted_until_settled": sum(1 for e in entries
+                                      if e["accepted"] and load.lag_from <= e["done"] <= settled_at),
         "replicas_lag_s": LAG_S,
         "accepted_while_replicas_lagged": sum(1 for e in entries
                                                if e["accepted"] and load.lag_from <= e["done"] <= killed_at),
@@ -149,7 +167,9 @@ def _run(cluster: FaultCluster, acks: int, record, scenario_id: str, started: fl
     scraped = _scrape(cluster.redis)
     record(scenario_id, rep, started)
     # The dashboard's data shows the failover.
-    assert f'address="{new[0]}:{new[1]}"' in scraped and 'dispatch_redis_failovers_total 1.0' in scraped, scraped
+    # (The Sentinels' epoch grows by one per election: 2 when a first vote split and was held again.)
+    failovers = re.search(r"^dispatch_redis_failovers_total (\S+)$", scraped, re.M)
+    assert f'address="{new[0]}:{new[1]}"' in scraped and failovers and float(failovers[1]) >= 1, scraped
     # Dispatchers and workers reconnected by themselves: dispatches after the failover were accepted and ran.
     assert after and all(e["accepted"] for e in after), rep.summary()
     assert all(e["key"] in applied for e in after), rep.summary()
@@ -163,10 +183,13 @@ def test_11a_failover_without_replica_acks_loses_at_most_the_last_moment(sentine
     started = time.time()
     cluster = sentinel_cluster({"DISPATCH_REPLICA_ACKS": "0"})
     rep, _ = _run(cluster, 0, record, "11a-sentinel-failover-acks0", started)
-    # Lost: only what was accepted while the replicas lagged (not yet replicated), never older.
+    # Lost: only what was accepted while the replicas lagged (not yet replicated), never older; if the
+    # Sentinels elected twice, also what the short-lived master accepted until the second switch.
     info = rep.extra["failover"]
-    assert rep.lost <= info["accepted_while_replicas_lagged"] + 2, rep.summary()
-    assert all(x <= LAG_S + 0.3 for x in info["lost_accepted_s_before_kill"]), rep.summary()
+    if info["masters_elected"] == 1:
+        assert rep.lost <= info["accepted_while_replicas_lagged"] + 2, rep.summary()
+    assert rep.lost <= info["accepted_until_settled"] + 2, rep.summary()
+    assert all(x <= LAG_S + 0.3 for x in info["lost_accepted_s_before_kill"] if x >= 0), rep.summary()
 
 
 def test_11b_failover_with_replica_acks_loses_nothing(sentinel_cluster, record):
