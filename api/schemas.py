@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, StrictFloat, StrictInt, StrictStr, WithJ
 #: Most items in one bulk request.
 MAX_BULK_ITEMS = 1000
 #: Keys that make a bulk item a wrapper (``{"payload": ..., "chat_id": ...}``) rather than a bare payload.
-ITEM_KEYS = frozenset({"payload", "chat_id", "priority", "idempotency_key"})
+ITEM_KEYS = frozenset({"payload", "chat_id", "priority", "idempotency_key", "limit_key"})
 
 Seconds = Annotated[StrictFloat, Field(description="Whole life from dispatch to completion, in seconds.")]
 Priority = Annotated[StrictInt, Field(description="0..9, higher first; the type's default when absent.")]
@@ -35,12 +35,15 @@ class DispatchIn(Schema):
         None, description="A second dispatch with this key returns the first task (duplicate: true).")
     timeout: Seconds | None = None
     metadata: JsonObject | None = Field(None, description="Carried to the handler's context (tracing).")
+    limit_key: StrictStr | None = Field(
+        None, description="The value of the type's per-key limits (e.g. a supplier or tenant); required when "
+                          "the type names a limit of scope 'key' (else invalid_limit_key), ignored otherwise.")
 
 
 BULK_ITEMS_SCHEMA = {
     "type": "array", "minItems": 1, "maxItems": MAX_BULK_ITEMS,
     "description": ("Each item is a payload object, or {\"payload\": {...}, \"chat_id\"?, \"priority\"?, "
-                    "\"idempotency_key\"?} (an object with a \"payload\" key and only those keys). "
+                    "\"idempotency_key\"?, \"limit_key\"?} (an object with a \"payload\" key and only those keys). "
                     "Each is admitted or rejected on its own."),
     "items": {"type": "object"},
 }

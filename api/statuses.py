@@ -20,6 +20,7 @@ REJECTION_STATUS: dict[str, int] = {
     "invalid_chat_id": 422,
     "invalid_idempotency_key": 422,
     "invalid_metadata": 422,
+    "invalid_limit_key": 422,
     "lane_full": 429,
     "chat_queue_full": 429,
     "lane_closed": 503,

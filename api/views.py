@@ -138,7 +138,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
     caller: Caller = request.auth
     _in_scope(caller, data.task_type)
     result = admit(data.task_type, data.payload, chat_id=data.chat_id, priority=data.priority,
-                   idempotency_key=data.idempotency_key, timeout=data.timeout, metadata=data.metadata)
+                   idempotency_key=data.idempotency_key, timeout=data.timeout, metadata=data.metadata,
+                   limit_key=data.limit_key)
     _audit(request, caller, "dispatch", data.task_type, [result])
     status = statuses.status_for(result.accepted, result.reason)
     return _json(request, status, result.as_dict(), _retry_headers(status))
@@ -147,7 +148,7 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
 def _item_options(item: Any) -> tuple[Any, dict[str, Any]]:
     """``(payload, per-item options)``: a wrapper object when it has "payload" and only item keys."""
     if isinstance(item, dict) and "payload" in item and item.keys() <= ITEM_KEYS:
-        options = {k: item[k] for k in ("chat_id", "priority", "idempotency_key") if k in item}
+        options = {k: item[k] for k in ("chat_id", "priority", "idempotency_key", "limit_key") if k in item}
         return item["payload"], options
     return item, {}
 

@@ -148,3 +148,76 @@ def lane_consumers(lane: str) -> str:
     Read by admission (one ZCOUNT in admit.lua) and by every operator view.
     """
     return f"{PREFIX}lanes:consumers:{lane}"
+
+
+# --- limits (flow control, issue 15; lanes/lua/_lib.lua's gate) -----------------
+#
+# Layout (read by the visible side too: dashboard, ``manage.py lanes``, metrics):
+# - ``LIMIT_DEFS`` hash: limit name -> JSON {"scope", "rate", "burst",
+#   "max_in_flight", "fair_share", "weights", "window"}, written by every
+#   process's config cache on (re)load (tasks.config), read by the scripts.
+# - An *instance* of a limit is ``limit_base(name, value)`` (value: '' for a
+#   global limit, the chat id for a chat limit, the limit_key for a key limit),
+#   with the suffixes the scripts append:
+#     ``:b`` bucket hash {t: tokens, ts: ms}, expiring once it would be full;
+#     ``:f`` set of the *task record keys* holding a slot (published, not finished;
+#           record keys rather than task ids, so the audit finds each record);
+#     ``:w`` waiting zset: record key -> (kombu priority) * 1e13 + seq (``LIMIT_SEQ``):
+#           higher priority first, first come first served within one;
+#     ``:p`` paused-until ms (string with PX expiry), set by a Retry-After.
+# - ``LIMIT_DUE`` zset: instance base -> ms when its head may next be admitted.
+# - ``limit_instances(name)`` zset: base -> waiting + holding count; an idle instance leaves it.
+# - ``limit_ring(name)`` list: keys of a fair-share limit with a backlog, in turn
+#   order; ``limit_credit(name)`` hash: key -> tasks admitted in its current turn;
+#   ``limit_base(name, '')`` of a fair-share limit: its limit-wide ``:f`` set (the window).
+# - ``lane_limited(lane)`` counter of the lane's tasks waiting on a limit (in the lane's depth).
+# - Metrics (``METRICS_TOTAL`` / ``metrics_minute``): ``lim_admitted|{name}``, ``lim_throttled|{name}``.
+# A task record subject to limits has ``lim`` (its instance bases, newline-separated,
+# in the type's order), ``kp`` (its kombu priority) and, while waiting, ``st`` =
+# ``limited`` and ``lw`` = the base it waits on; it is then in no lease and no broker list.
+
+LIMIT_PREFIX = PREFIX + "lim:"
+LIMIT_DEFS = LIMIT_PREFIX + "def"
+LIMIT_DUE = LIMIT_PREFIX + "due"
+LIMIT_SEQ = LIMIT_PREFIX + "seq"
+LIMIT_AUDIT_CURSOR = LIMIT_PREFIX + "audit-cursor"
+#: The scripts build ``LANE_PREFIX + lane + LANE_LIMITED_SUFFIX`` (``lane_limited``).
+LANE_PREFIX = PREFIX + "lane:"
+LANE_LIMITED_SUFFIX = ":limited"
+
+
+def limit_base(name: str, value: str = "") -> str:
+    """One instance of limit ``name`` (names have no ':', so the value may)."""
+    return f"{LIMIT_PREFIX}{name}:{value}"
+
+
+def limit_bucket(base: str) -> str:
+    return base + ":b"
+
+
+def limit_holding(base: str) -> str:
+    return base + ":f"
+
+
+def limit_waiting(base: str) -> str:
+    return base + ":w"
+
+
+def limit_paused(base: str) -> str:
+    return base + ":p"
+
+
+def limit_instances(name: str) -> str:
+    return f"{LIMIT_PREFIX}inst:{name}"
+
+
+def limit_ring(name: str) -> str:
+    return f"{LIMIT_PREFIX}ring:{name}"
+
+
+def limit_credit(name: str) -> str:
+    return f"{LIMIT_PREFIX}credit:{name}"
+
+
+def lane_limited(lane: str) -> str:
+    return LANE_PREFIX + lane + LANE_LIMITED_SUFFIX

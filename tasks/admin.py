@@ -13,13 +13,25 @@ from django.utils.html import format_html
 
 from lanes.config_admin import ConfigSaveWarningMixin
 from tasks import dead_letters
-from tasks.models import DeadLetter, RetryPolicy, TaskType
+from tasks.models import DeadLetter, Limit, RetryPolicy, TaskType
 
 
 @admin.register(RetryPolicy)
 class RetryPolicyAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     list_display = ("name", "max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter")
     search_fields = ("name",)
+
+
+@admin.register(Limit)
+class LimitAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
+    list_display = ("name", "scope", "rate", "burst", "max_in_flight", "fair_share", "window")
+    list_filter = ("scope", "fair_share")
+    search_fields = ("name",)
+    fieldsets = (
+        (None, {"fields": ("name", "scope")}),
+        ("Rate and concurrency", {"fields": ("rate", "burst", "max_in_flight")}),
+        ("Fair share", {"fields": ("fair_share", "weights", "window")}),
+    )
 
 
 def json_text(value: object, indent: int | None = None) -> str:
@@ -62,10 +74,33 @@ class TaskTypeForm(forms.ModelForm):
     """
 
     options = OptionsField(required=False, initial=dict, help_text=TaskType._meta.get_field("options").help_text)
+    # The type's limits as names in order (an inline would need its formset in every post of this form,
+    # and a multiple choice keeps no order): checked against the defined limits.
+    limit_names = forms.CharField(
+        label="limits", required=False,
+        help_text="Names of limits, comma-separated, checked in this order (a task starts when all admit it).")
 
     class Meta:
         model = TaskType
         fields = "__all__"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk and not self.is_bound:
+            self.initial["limit_names"] = ", ".join(self.instance.limit_names())
+        defined = list(Limit.objects.values_list("name", flat=True)[:50])
+        if defined:
+            self.fields["limit_names"].help_text += f" Defined: {', '.join(defined)}."
+
+    def clean_limit_names(self) -> list[Limit]:
+        names = [n.strip() for n in (self.cleaned_data.get("limit_names") or "").split(",") if n.strip()]
+        if len(set(names)) != len(names):
+            raise ValidationError("A limit is named twice.")
+        found = {limit.name: limit for limit in Limit.objects.filter(name__in=names)}
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise ValidationError(f"No limit named {', '.join(repr(n) for n in missing)}.")
+        return [found[n] for n in names]
 
     def _update_errors(self, errors):
         if hasattr(errors, "error_dict"):
@@ -86,10 +121,16 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     search_fields = ("name",)
     fieldsets = (
         (None, {"fields": ("name", "handler", "lane", "priority", "enabled", "options")}),
+        ("Limits", {"fields": ("limit_names",)}),
         ("Time and retries", {"fields": ("timeout", "attempt_timeout", "retry_policy")}),
         ("Ordering and bounds", {"fields": ("chat_scoped", "chat_queue_size", "max_payload_bytes",
                                             "idempotency_window")}),
     )
+
+
+    def save_related(self, request, form, formsets, change) -> None:
+        super().save_related(request, form, formsets, change)
+        form.instance.set_limits(form.cleaned_data.get("limit_names") or [])
 
 
 def _can_resolve(request) -> bool:

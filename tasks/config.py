@@ -12,10 +12,12 @@ import time
 from dataclasses import dataclass, field
 from typing import cast
 
+import redis
 from django.db import DatabaseError
 
 from lanes import keys
 from lanes.forksafe import ForkSafeLock
+from lanes.lua.limits_def import publish_definitions
 from lanes.redis_client import get_redis
 from tasks.retry import Backoff
 
@@ -25,6 +27,14 @@ class LaneConf:
     name: str
     capacity: int
     accepting: bool
+
+
+@dataclass(frozen=True)
+class LimitRef:
+    """A limit a type names, with what dispatch needs to build its instance (scope)."""
+
+    name: str
+    scope: str  # global | chat | key
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,12 @@ class TypeConf:
     enabled: bool
     options: dict
     policy: Backoff
+    #: The type's limits, in its order (empty: the unlimited path, no limit work at all).
+    limits: tuple[LimitRef, ...] = ()
+
+    @property
+    def needs_limit_key(self) -> bool:
+        return any(ref.scope == "key" for ref in self.limits)
 
 
 @dataclass(frozen=True)
@@ -49,6 +65,8 @@ class Snapshot:
     version: str
     lanes: dict[str, LaneConf] = field(default_factory=dict)
     types: dict[str, TypeConf] = field(default_factory=dict)
+    #: Limit name -> its definition as the scripts read it (``Limit.as_def``).
+    limits: dict[str, dict] = field(default_factory=dict)
     #: The database's ConfigRevision when this was read (-1: unknown).
     db_revision: int = -1
 
@@ -74,10 +92,14 @@ def _db_revision() -> int:
 def _load(version: str) -> Snapshot:
     # inner import: tasks.dispatch imports this module, and callers may import it before apps are ready
     from lanes.models import Lane
-    from tasks.models import TaskType
+    from tasks.models import Limit, TaskType, TaskTypeLimit
 
     db_revision = _db_revision()  # first: a save racing this read shows as a newer revision
     lanes = {lane.name: LaneConf(lane.name, lane.capacity, lane.accepting) for lane in Lane.objects.all()}
+    limits = {limit.name: limit.as_def() for limit in Limit.objects.all()}
+    type_limits: dict[int, list[LimitRef]] = {}
+    for row in TaskTypeLimit.objects.select_related("limit").order_by("task_type_id", "position", "id"):
+        type_limits.setdefault(row.task_type_id, []).append(LimitRef(row.limit.name, row.limit.scope))
     types = {}
     for tt in TaskType.objects.select_related("lane", "retry_policy"):
         rp = tt.retry_policy
@@ -95,8 +117,23 @@ def _load(version: str) -> Snapshot:
             enabled=tt.enabled,
             options=dict(tt.options or {}),
             policy=Backoff(rp.max_retries, rp.initial_backoff, rp.multiplier, rp.max_backoff, rp.jitter),
+            limits=tuple(type_limits.get(tt.pk, ())),
         )
-    return Snapshot(version, lanes, types, db_revision)
+    _publish_limits(limits)
+    return Snapshot(version, lanes, types, limits, db_revision)
+
+
+def _publish_limits(limits: dict[str, dict]) -> None:
+    """Write the limits' definitions where the scripts read them (idempotent: any process may).
+
+    Every reload writes them, so an admin edit reaches the gate as soon as any
+    process (a maintenance loop reloads within its interval) sees the new
+    version; instances of a limit that changed are drained at once.
+    """
+    try:
+        publish_definitions(limits, now=time.time())
+    except redis.RedisError as exc:  # the next reload (any process) writes them again
+        logger.warning("limit_definitions_not_published error=%r", exc)
 
 
 def current() -> Snapshot:

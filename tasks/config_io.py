@@ -15,12 +15,13 @@ from django.db import transaction
 
 from lanes.models import Lane
 from tasks.errors import ConfigError
-from tasks.models import RetryPolicy, TaskType
+from tasks.models import Limit, RetryPolicy, TaskType
 from tasks.validation import shown, unstorable_text
 
-SECTIONS = ("retry_policies", "lanes", "task_types")
+SECTIONS = ("retry_policies", "lanes", "limits", "task_types")
 POLICY_FIELDS = ("max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter")
 LANE_FIELDS = ("capacity", "accepting", "description")
+LIMIT_FIELDS = ("scope", "rate", "burst", "max_in_flight", "fair_share", "weights", "window")
 TYPE_FIELDS = ("handler", "priority", "timeout", "attempt_timeout", "chat_scoped", "chat_queue_size",
                "max_payload_bytes", "idempotency_window", "enabled", "options")
 
@@ -95,7 +96,7 @@ def _upsert_plain(data: dict, section: str, model: type, fields: tuple[str, ...]
 def apply_config(data: Any) -> dict[str, int]:
     """Upsert every entry of ``data`` in one transaction; returns counts per section."""
     if not isinstance(data, dict):
-        raise ConfigError("the config must be a JSON object with retry_policies, lanes and task_types")
+        raise ConfigError("the config must be a JSON object with retry_policies, lanes, limits and task_types")
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown section(s) {', '.join(unknown)}; expected: {', '.join(SECTIONS)}")
@@ -103,9 +104,11 @@ def apply_config(data: Any) -> dict[str, int]:
     with transaction.atomic():
         counts["retry_policies"] = _upsert_plain(data, "retry_policies", RetryPolicy, POLICY_FIELDS)
         counts["lanes"] = _upsert_plain(data, "lanes", Lane, LANE_FIELDS)
+        if "limits" in data:  # counted only when the file has the section (older files print as before)
+            counts["limits"] = _upsert_plain(data, "limits", Limit, LIMIT_FIELDS)
         for i, entry in enumerate(_entries(data, "task_types")):
             where = f"task_types[{i}] {entry['name']!r}"
-            _check_keys(where, entry, (*TYPE_FIELDS, "lane", "retry_policy"))
+            _check_keys(where, entry, (*TYPE_FIELDS, "lane", "retry_policy", "limits"))
             obj = _fetch_and_set(where, TaskType, entry, TYPE_FIELDS)
             for field, model in (("lane", Lane), ("retry_policy", RetryPolicy)):
                 if field in entry:
@@ -116,8 +119,23 @@ def apply_config(data: Any) -> dict[str, int]:
                 elif obj.pk is None:
                     raise ConfigError(f"{where}: {field} is required for a new task type")
             _save(where, obj)
+            if "limits" in entry:
+                _set_type_limits(where, obj, entry["limits"])
         counts["task_types"] = len(data.get("task_types", []))
     return counts
+
+
+def _set_type_limits(where: str, task_type: TaskType, names: Any) -> None:
+    """Make ``names`` (existing limits, in order) the type's limits."""
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ConfigError(f"{where}: limits: must be a list of limit names")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: limits: a limit is named twice")
+    found = {limit.name: limit for limit in Limit.objects.filter(name__in=names)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ConfigError(f"{where}: limits: {', '.join(repr(n) for n in missing)} does not exist")
+    task_type.set_limits([found[n] for n in names])
 
 
 def export_config() -> dict[str, list[dict]]:
@@ -126,9 +144,11 @@ def export_config() -> dict[str, list[dict]]:
             {"name": p.name, **{f: getattr(p, f) for f in POLICY_FIELDS}} for p in RetryPolicy.objects.all()
         ],
         "lanes": [{"name": lane.name, **{f: getattr(lane, f) for f in LANE_FIELDS}} for lane in Lane.objects.all()],
+        "limits": [{"name": limit.name, **{f: getattr(limit, f) for f in LIMIT_FIELDS}}
+                   for limit in Limit.objects.all()],
         "task_types": [
             {"name": t.name, "lane": t.lane.name, "retry_policy": t.retry_policy.name,
-             **{f: getattr(t, f) for f in TYPE_FIELDS}}
+             **{f: getattr(t, f) for f in TYPE_FIELDS}, "limits": t.limit_names()}
             for t in TaskType.objects.select_related("lane", "retry_policy")
         ],
     }

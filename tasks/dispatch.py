@@ -21,6 +21,7 @@ from celery import Task, current_app, shared_task
 from celery.result import AsyncResult
 from django.conf import settings
 
+from lanes import keys
 from lanes.consumers import no_consumer_detail
 from lanes.lua.admit import admit as lua_admit
 from lanes.messages import Envelope, build_message
@@ -28,7 +29,7 @@ from lanes.priorities import to_kombu
 from tasks import config
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay
-from tasks.validation import Invalid, check_dispatch, shown
+from tasks.validation import Invalid, check_dispatch, check_limits, shown
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ def admit(
     idempotency_key: str | None = None,
     timeout: float | None = None,
     metadata: dict | None = None,
+    limit_key: str | None = None,
     _replace_idempotency: bool = False,
     _task_id: str | None = None,
 ) -> DispatchResult:
@@ -106,6 +108,7 @@ def admit(
                 default_timeout_s=tc.timeout_s, payload=payload, priority=priority, timeout=timeout,
                 chat_id=chat_id, idempotency_key=idempotency_key, metadata=metadata,
             )
+            bases = _limit_bases(tc, checked.chat_id, limit_key) if tc.limits or limit_key is not None else ()
         except Invalid as exc:
             # A rejection may come from a cached config older than a fresh admin
             # save: confirm the version (one GET, on the rejection path only).
@@ -140,7 +143,7 @@ def admit(
                 payload_digest=payload_digest(checked.payload_json) if checked.idempotency_key else "",
                 idempotency_window_s=tc.idempotency_window_s,
                 queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-                replace_idempotency=_replace_idempotency, deadline=envelope.deadline,
+                replace_idempotency=_replace_idempotency, deadline=envelope.deadline, limits=bases,
             )
         except redis.RedisError as exc:
             logger.warning("dispatch_unavailable type=%s error=%s", tc.name, exc)
@@ -154,6 +157,14 @@ def admit(
             continue
         return _interpret(reply, status, task_id, tc, checked, now)
     return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
+
+
+def _limit_bases(tc: config.TypeConf, chat_id: str, limit_key: Any) -> tuple[str, ...]:
+    """The limit instances a task of ``tc`` is subject to (``keys.limit_base``), in the type's order."""
+    key = check_limits(type_name=tc.name, limits=tuple((r.name, r.scope) for r in tc.limits), limit_key=limit_key,
+                       chat_id=chat_id)
+    value = {"global": "", "chat": chat_id, "key": key}
+    return tuple(keys.limit_base(ref.name, value[ref.scope]) for ref in tc.limits)
 
 
 def _unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
@@ -218,7 +229,7 @@ class DispatchTask(Task):
 @shared_task(base=DispatchTask, name="tasks.dispatch", typing=False)
 def dispatch(task_type: Any = None, payload: Any = None, **options: Any) -> dict[str, Any]:
     """Run by an ``ingress`` worker for callers that send ``tasks.dispatch`` by name."""
-    allowed = {"chat_id", "priority", "idempotency_key", "timeout", "metadata"}
+    allowed = {"chat_id", "priority", "idempotency_key", "timeout", "metadata", "limit_key"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         return DispatchResult(False, reason="invalid_payload", detail=f"unknown dispatch options: {unknown}").as_dict()

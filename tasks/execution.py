@@ -206,7 +206,7 @@ class _Run:
         reply = _until_answered(lambda: lua_retry(
             record=self.record, lane=env.lane, now=now, next_attempt=next_env.attempt, message=message,
             due=now + decision.delay_s, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-            metric_field=self.field, owner=self.owner,
+            metric_field=self.field, owner=self.owner, retry_after_s=retry_after,
         ), "retry", self.task_id)
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])

@@ -1,5 +1,6 @@
 """Background upkeep (``MaintenanceStep``, beat's thread): move due retries onto lanes,
-expire waiting tasks past their deadline, recover expired leases, purge old rows.
+publish tasks a limit admits again, expire waiting tasks past their deadline,
+recover expired leases and leaked limit slots, purge old rows.
 
 Each worker runs it in a thread, whatever lanes it consumes (every step covers
 all lanes): retries are promoted and deadlines enforced within a fraction of a
@@ -26,6 +27,8 @@ from lanes import keys, metrics
 from lanes.lua.audit import audit as lua_audit
 from lanes.lua.expire import expire as lua_expire
 from lanes.lua.forget import forget_expired_pending
+from lanes.lua.limits_audit import audit_limits
+from lanes.lua.limits_due import drain_due
 from lanes.lua.promote import promote
 from lanes.lua.sweep import sweep as lua_sweep
 from lanes.redis_client import get_redis
@@ -51,6 +54,21 @@ def promote_due(lanes: list[str] | None = None) -> int:
     for lane in names:
         moved += promote(lane=lane, now_ms=now_ms, batch=BATCH, queued_lease_ms=lease_ms)
     return moved
+
+
+def drain_limits() -> int:
+    """Publish tasks waiting on a limit whose bucket refilled or whose pause ended; returns instances drained."""
+    return drain_due(now_ms=int(time.time() * 1000), batch=BATCH,
+                     queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
+
+
+def audit_limit_slots(batch: int = 200) -> list[int]:
+    """Free limit slots held by tasks that no longer run; see limits_audit.lua."""
+    result = audit_limits(now_ms=int(time.time() * 1000), batch=batch,
+                          queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
+    if result[1]:
+        logger.warning("limit_audit_freed checked=%d freed=%d", *result)
+    return result
 
 
 def sweep() -> tuple[int, int]:
@@ -132,10 +150,11 @@ def _write_expired_rows(record: str, msg: bytes, error: DeadLettered) -> None:
 
 def run_once(sweep_now: bool) -> dict[str, Any]:
     """One pass of the loop: promote, expire, and (every few seconds) sweep and audit; counted."""
-    done: dict[str, Any] = {"promoted": promote_due(), "expired": expire_due()}
+    done: dict[str, Any] = {"promoted": promote_due(), "limits_drained": drain_limits(), "expired": expire_due()}
     if sweep_now:
         done["swept"], _forgotten = sweep()
         done["audited"] = audit_chats()
+        done["limits_audited"] = audit_limit_slots()
     metrics.record_maintenance(get_redis(), time.time(), promoted=done["promoted"], expired=done["expired"],
                                swept=done.get("swept", 0))
     return done

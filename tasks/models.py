@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 
 from django.core.exceptions import ValidationError
@@ -10,6 +11,8 @@ from tasks import registry
 from tasks.retry import MAX_TIMEOUT_S
 
 TYPE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+#: A limit's name is part of its Redis keys (``dispatch:lim:{name}:{value}``): no ':' in it.
+LIMIT_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 def validate_type_name(value: str) -> None:
@@ -66,6 +69,95 @@ class RetryPolicy(models.Model):
             raise ValidationError(errors)
 
 
+#: Names the limits' own keys use under ``dispatch:lim:`` (lanes.keys): no limit may take them.
+RESERVED_LIMIT_NAMES = frozenset({"def", "due", "seq", "inst", "ring", "credit", "audit-cursor"})
+
+
+def validate_limit_name(value: str) -> None:
+    if not LIMIT_NAME_RE.match(value or ""):
+        raise ValidationError("Limit name must be 1-64 letters, digits, '_', '.' or '-' (no ':').")
+    if value in RESERVED_LIMIT_NAMES:
+        raise ValidationError(f"'{value}' is reserved; choose another limit name.")
+
+
+class Limit(models.Model):
+    """Flow control shared by every worker: a token bucket, a cap on running tasks, or a fair share.
+
+    Task types name the limits that apply to them; a task starts only when each
+    of them admits it, and waits in Redis (no worker slot, no attempt) until then.
+    """
+
+    class Scope(models.TextChoices):
+        GLOBAL = "global", "global (one for every task of the types naming it)"
+        CHAT = "chat", "chat (one per chat id)"
+        KEY = "key", "key (one per dispatch limit_key)"
+
+    name = models.CharField("name", max_length=64, unique=True, validators=[validate_limit_name],
+                            help_text="Named by task types; letters, digits, '_', '.', '-'.")
+    scope = models.CharField("scope", max_length=8, choices=Scope.choices, default=Scope.GLOBAL,
+                             help_text="What one bucket covers: everything, one chat, or one limit_key value.")
+    rate = models.FloatField("rate (tasks/s)", null=True, blank=True,
+                             help_text="Tasks started per second (token bucket); empty: no rate.")
+    burst = models.PositiveIntegerField("burst", null=True, blank=True,
+                                        help_text="Most tasks started at once after an idle spell (bucket size); "
+                                                  "default: the rate rounded up.")
+    max_in_flight = models.PositiveIntegerField("max in flight", null=True, blank=True,
+                                                help_text="Most tasks running at once; empty: no cap.")
+    fair_share = models.BooleanField("fair share", default=False,
+                                     help_text="Admit tasks round-robin across keys (scope 'key' only), so one "
+                                               "key's flood cannot starve another.")
+    weights = models.JSONField("weights", default=dict, blank=True,
+                               help_text="Fair share: key -> positive integer turns per round (default 1).")
+    window = models.PositiveIntegerField("window", null=True, blank=True,
+                                         help_text="Fair share: most tasks of this limit published at once over all "
+                                                   "keys (default: max in flight, else 32).")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        if self.rate is not None and not 0 < self.rate <= 1_000_000:
+            errors["rate"] = "Rate must be above 0 and at most 1000000 tasks per second."
+        if self.rate is None and self.burst is not None:
+            errors["burst"] = "Burst applies to a rate: set a rate or leave burst empty."
+        if self.rate is not None and self.burst is not None and not 1 <= self.burst <= 1_000_000:
+            errors["burst"] = "Burst must be between 1 and 1000000."
+        if self.max_in_flight is not None and not 1 <= self.max_in_flight <= 1_000_000:
+            errors["max_in_flight"] = "Max in flight must be between 1 and 1000000."
+        if self.window is not None and not 1 <= self.window <= 1_000_000:
+            errors["window"] = "Window must be between 1 and 1000000."
+        if self.fair_share and self.scope != self.Scope.KEY:
+            errors["scope"] = "Fair share needs scope 'key' (it shares between keys)."
+        if not self.fair_share and self.window is not None:
+            errors["window"] = "Window applies to a fair share only."
+        if self.rate is None and self.max_in_flight is None and not self.fair_share and not errors:
+            errors["rate"] = "Set a rate, a max in flight, or fair share: this limit would limit nothing."
+        if not isinstance(self.weights, dict):
+            errors["weights"] = "Weights must be a JSON object of key -> positive integer."
+        else:
+            bad = [k for k, v in self.weights.items()
+                   if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1000 or not k]
+            if bad:
+                errors["weights"] = f"Weights must be integers 1..1000 per non-empty key; not for {bad[:3]}."
+            elif self.weights and not self.fair_share:
+                errors["weights"] = "Weights apply to a fair share only."
+            elif not _valid_unicode(self.weights):
+                errors["weights"] = "Weights must be valid Unicode."
+        if errors:
+            raise ValidationError(errors)
+
+    def as_def(self) -> dict:
+        """What the Lua scripts read (``dispatch:lim:def``): the checked values, defaults applied."""
+        burst = self.burst if self.burst is not None else (max(1, math.ceil(self.rate)) if self.rate else None)
+        window = (self.window or self.max_in_flight or 32) if self.fair_share else None
+        return {"scope": self.scope, "rate": self.rate, "burst": burst, "max_in_flight": self.max_in_flight,
+                "fair_share": self.fair_share, "weights": dict(self.weights or {}), "window": window}
+
+
 class TaskType(models.Model):
     """What callers dispatch by name: which handler runs it, in which lane, how it retries."""
 
@@ -93,9 +185,25 @@ class TaskType(models.Model):
     options = models.JSONField(
         "options", default=dict, blank=True, help_text="Handler settings, checked by the handler."
     )
+    limits = models.ManyToManyField(
+        Limit, through="TaskTypeLimit", blank=True, related_name="task_types", verbose_name="limits",
+        help_text="Limits a task of this type must pass before it starts, checked in their order.",
+    )
 
     class Meta:
         ordering = ["name"]
+
+    def limit_names(self) -> list[str]:
+        """The type's limits in their order (``position``)."""
+        return [row.limit.name for row in self.limit_rows.select_related("limit").order_by("position", "id")]
+
+    def set_limits(self, limits: list[Limit]) -> None:
+        """Make ``limits`` (in order) this type's limits; each row saved, so the config version is bumped."""
+        if [limit.pk for limit in limits] == [row.limit_id for row in self.limit_rows.order_by("position", "id")]:
+            return
+        self.limit_rows.all().delete()
+        for position, limit in enumerate(limits):
+            TaskTypeLimit.objects.create(task_type=self, limit=limit, position=position)
 
     def __str__(self) -> str:
         return self.name
@@ -130,6 +238,30 @@ class TaskType(models.Model):
                 errors["options"] = str(exc)
         if errors:
             raise ValidationError(errors)
+
+
+class TaskTypeLimit(models.Model):
+    """One limit of a task type, at its place in the type's order.
+
+    A ``through`` model rather than a JSON list of names: a limit in use cannot
+    be deleted (PROTECT), the admin offers only existing limits, and renaming a
+    limit needs no edit of the types naming it; ``position`` keeps the order.
+    """
+
+    task_type = models.ForeignKey(TaskType, on_delete=models.CASCADE, related_name="limit_rows",
+                                  verbose_name="task type")
+    limit = models.ForeignKey(Limit, on_delete=models.PROTECT, related_name="type_rows", verbose_name="limit",
+                              help_text="A limit this type's tasks must pass.")
+    position = models.PositiveSmallIntegerField("position", default=0,
+                                                help_text="Order among the type's limits (lowest first).")
+
+    class Meta:
+        ordering = ["position", "id"]
+        constraints = [models.UniqueConstraint(fields=["task_type", "limit"], name="tasktype_limit_once")]
+        verbose_name = "limit of a task type"
+
+    def __str__(self) -> str:
+        return f"{self.task_type_id}:{self.limit_id}@{self.position}"
 
 
 class DeadLetterQuerySet(models.QuerySet):

@@ -13,6 +13,7 @@ REJECTION_REASONS = (
     "invalid_chat_id",
     "invalid_idempotency_key",
     "invalid_metadata",
+    "invalid_limit_key",
     "lane_full",
     "chat_queue_full",
     "lane_closed",

@@ -6,7 +6,7 @@
   tasks are counted inside the Lua scripts, in the call each step already
   makes). Rejections are the unhappy path: the happy path pays nothing here.
 - A message the transport could not decode becomes a ``malformed`` dead letter.
-- A save or delete of a retry policy or task type bumps the config version
+- A save or delete of a retry policy, task type, limit or a type's limit bumps the config version
   (``lanes.config_version``; the lanes app connects ``Lane`` the same way).
 - A worker process settles its finished records before it exits; beat runs the
   maintenance loop in a thread.
@@ -28,7 +28,7 @@ from lanes.metrics import record_rejection
 from lanes.redis_client import get_redis
 from lanes.signals import message_unreadable
 from tasks import dead_letters, maintenance
-from tasks.models import RetryPolicy, TaskType
+from tasks.models import Limit, RetryPolicy, TaskType, TaskTypeLimit
 from tasks.signals import TaskInfo, task_rejected
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ def connect() -> None:
     """Connect every receiver above (idempotent: each has a ``dispatch_uid``)."""
     task_rejected.connect(count_rejection, dispatch_uid="lanes.count_rejection")
     message_unreadable.connect(record_unreadable_message, dispatch_uid="tasks.record_unreadable_message")
-    config_version.connect(RetryPolicy, TaskType)
+    config_version.connect(RetryPolicy, TaskType, Limit, TaskTypeLimit)
     celery_signals.worker_process_shutdown.connect(settle_before_exit, weak=False,
                                                    dispatch_uid="tasks.settle_before_exit")
     celery_signals.worker_shutdown.connect(settle_before_exit, weak=False, dispatch_uid="tasks.settle_before_exit")

@@ -11,6 +11,7 @@ from tasks.retry import MAX_TIMEOUT_S
 MAX_CHAT_ID_LEN = 128
 MAX_IDEMPOTENCY_KEY_LEN = 200
 MAX_METADATA_BYTES = 4096
+MAX_LIMIT_KEY_LEN = 128
 
 
 @dataclass(frozen=True)
@@ -195,3 +196,22 @@ def check_dispatch(
         raise Invalid("invalid_metadata", f"metadata is {meta_size} bytes; at most {MAX_METADATA_BYTES}")
 
     return Checked(payload_json, priority, float(timeout), chat_id, idempotency_key, metadata)
+
+
+def check_limits(*, type_name: str, limits: tuple[tuple[str, str], ...], limit_key: Any, chat_id: str) -> str:
+    """Check a dispatch's ``limit_key`` against its type's limits ((name, scope) pairs, in order).
+
+    Returns the key ('' when none). A type with a ``key`` limit needs one
+    (``invalid_limit_key``); a type without one ignores it, so a caller keeps
+    working when an operator removes a key limit. A ``chat`` limit needs a chat id.
+    """
+    if limit_key is not None and not is_clean_text(limit_key, MAX_LIMIT_KEY_LEN):
+        raise Invalid("invalid_limit_key", f"limit_key must be 1..{MAX_LIMIT_KEY_LEN} printable characters")
+    for name, scope in limits:
+        if scope == "key" and limit_key is None:
+            raise Invalid("invalid_limit_key", f"task type '{type_name}' has the per-key limit '{name}': "
+                                               "a limit_key is required")
+        if scope == "chat" and not chat_id:
+            raise Invalid("invalid_chat_id", f"task type '{type_name}' has the per-chat limit '{name}': "
+                                             "a chat_id is required")
+    return limit_key or ""

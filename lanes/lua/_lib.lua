@@ -2,8 +2,11 @@
 --
 -- A task record is a hash: msg (the broker message, a NUL byte where the
 -- delivery tag goes), q (the lane list it is published to), lane, type,
--- st (queued|running|retry|done|dead), att (attempt), dlv (deliveries of this
+-- st (queued|running|retry|limited|done|dead), att (attempt), dlv (deliveries of this
 -- attempt), own (worker running it), chat (chat id or ''), pub (publish count),
+-- lim (limit instance bases, newline-separated; absent when the type has no
+-- limits), kp (kombu priority, with lim), lw and ls (while limited: the base it
+-- waits on and its waiting score),
 -- res (outcome detail, once done or dead: kept until the worker stored the
 -- result row and settled the record with forget.lua).
 
@@ -58,8 +61,250 @@ local function observe(total_key, minute_key, name, suffix, bucket, seconds)
   redis.call('HINCRBYFLOAT', total_key, name .. '_sum|' .. suffix, seconds)
 end
 
+-- ---------------------------------------------------------------------------
+-- Limits (flow control; key layout in lanes/keys.py, "limits" section).
+--
+-- A script that may publish, hand over or finish a task calls lim_setup first
+-- (cheap: no Redis command); everything below runs only for a record whose
+-- ``lim`` field is set, so an unlimited task pays no command for limits.
+-- An *instance* is a base key B (``<prefix><name>:<value>``): B:b bucket,
+-- B:f record keys holding a slot, B:w waiting records, B:p paused-until ms.
+local LIM = {}
+
+local function lim_setup(prefix, lane_prefix, total_key, minute_key, now, leases_key, lease_until)
+  LIM.prefix, LIM.lane_prefix, LIM.total, LIM.minute = prefix, lane_prefix, total_key, minute_key
+  LIM.now, LIM.leases, LIM.lease_until = now, leases_key, lease_until
+  LIM.defs, LIM.tokens = {}, {}
+end
+
+local function lim_split(text)
+  local out = {}
+  for part in string.gmatch(text or '', '[^\n]+') do out[#out + 1] = part end
+  return out
+end
+
+-- The limit name of an instance base (names hold no ':'), and its value.
+local function lim_parts(base)
+  local rest = string.sub(base, #LIM.prefix + 1)
+  local colon = string.find(rest, ':', 1, true)
+  return string.sub(rest, 1, colon - 1), string.sub(rest, colon + 1)
+end
+
+-- A limit's definition (decoded once per call), or false once it was removed.
+local function lim_def(name)
+  local d = LIM.defs[name]
+  if d == nil then
+    local raw = redis.call('HGET', LIM.prefix .. 'def', name)
+    d = raw and cjson.decode(raw) or false
+    LIM.defs[name] = d
+  end
+  return d
+end
+
+-- Keep the instance index (waiting + holding per base) in step; an idle base leaves it.
+local function lim_count(base, delta)
+  local name = lim_parts(base)
+  local index = LIM.prefix .. 'inst:' .. name
+  if tonumber(redis.call('ZINCRBY', index, delta, base)) <= 0 then redis.call('ZREM', index, base) end
+end
+
+local function lim_due(base, at)
+  redis.call('ZADD', LIM.prefix .. 'due', 'LT', at, base)
+end
+
+local function lim_lane_waiting(lane, delta)
+  local key = LIM.lane_prefix .. lane .. ':limited'
+  if tonumber(redis.call('INCRBY', key, delta)) <= 0 then redis.call('DEL', key) end
+end
+
+-- Why ``base`` cannot take one more task now: nil (it can), 'held' (slots or the
+-- fair-share window are full: a release wakes it) or the ms when it may (tokens, pause).
+local function lim_refusal(base, name, d)
+  local now = LIM.now
+  local paused = tonumber(redis.call('GET', base .. ':p') or '0')
+  if paused > now then return paused end
+  if d.fair_share then
+    if redis.call('SCARD', LIM.prefix .. name .. '::f') >= (d.window or 32) then return 'held' end
+  elseif d.max_in_flight and redis.call('SCARD', base .. ':f') >= d.max_in_flight then
+    return 'held'
+  end
+  if d.rate then
+    local b = redis.call('HMGET', base .. ':b', 't', 'ts')
+    local t = tonumber(b[1] or d.burst)
+    local ts = tonumber(b[2] or now)
+    t = math.min(d.burst, t + math.max(0, now - ts) * d.rate / 1000)
+    LIM.tokens[base] = t
+    if t < 1 then return now + math.ceil((1 - t) * 1000 / d.rate) end
+  end
+  return nil
+end
+
+-- The first of ``bases`` that refuses a task now, with its refusal ('queue' when
+-- others already wait there: first come first served), or nil when all admit.
+-- ``from``: the base whose waiting head this is (its own queue is no obstacle).
+local function lim_check(bases, from)
+  for _, base in ipairs(bases) do
+    local name = lim_parts(base)
+    local d = lim_def(name)
+    if d then
+      if base ~= from and redis.call('EXISTS', base .. ':w') == 1 then return base, 'queue' end
+      local refusal = lim_refusal(base, name, d)
+      if refusal then return base, refusal end
+    end
+  end
+  return nil
+end
+
+-- Every limit admitted the task: take a token from each bucket, a slot in each holding set.
+local function lim_take(record, bases)
+  local now = LIM.now
+  for _, base in ipairs(bases) do
+    local name = lim_parts(base)
+    local d = lim_def(name)
+    if d then
+      if d.rate then
+        local t = (LIM.tokens[base] or d.burst) - 1
+        redis.call('HSET', base .. ':b', 't', t, 'ts', now)
+        -- Gone once it would be full again: an idle key leaves nothing behind.
+        redis.call('PEXPIRE', base .. ':b', math.ceil((d.burst - t) * 1000 / d.rate) + 1000)
+        LIM.tokens[base] = nil
+      end
+      if redis.call('SADD', base .. ':f', record) == 1 then lim_count(base, 1) end
+      if d.fair_share then redis.call('SADD', LIM.prefix .. name .. '::f', record) end
+      count_to(LIM.total, LIM.minute, 'lim_admitted|' .. name)
+    end
+  end
+end
+
+-- Put ``record`` in ``base``'s waiting set (score kept across moves), waking it when due.
+local function lim_enqueue(record, base, refusal, score)
+  if redis.call('ZADD', base .. ':w', score, record) == 1 then lim_count(base, 1) end
+  if type(refusal) == 'number' then lim_due(base, refusal) end
+  local name, value = lim_parts(base)
+  local d = lim_def(name)
+  if d and d.fair_share then
+    local ring = LIM.prefix .. 'ring:' .. name
+    if not redis.call('LPOS', ring, value) then redis.call('RPUSH', ring, value) end
+  end
+  redis.call('HSET', record, 'st', 'limited', 'lw', base)
+end
+
+-- A task becomes runnable (admission, a chat hand-over, a due retry): publish it
+-- if every limit in ``lim`` admits it now, else it waits in Redis (no lease, no
+-- message in the broker, counted as throttled once). Returns true when published.
+local function gate_publish(record, lim, lane, kp)
+  local bases = lim_split(lim)
+  local base, refusal = lim_check(bases, nil)
+  if not base then
+    lim_take(record, bases)
+    return publish_record(record, LIM.leases, LIM.lease_until)
+  end
+  local seq = redis.call('INCR', LIM.prefix .. 'seq')
+  local score = string.format('%.0f', (tonumber(kp) or 0) * 1e13 + seq)
+  redis.call('HSET', record, 'ls', score)
+  lim_enqueue(record, base, refusal, score)
+  redis.call('ZREM', LIM.leases, record)
+  lim_lane_waiting(lane, 1)
+  count_to(LIM.total, LIM.minute, 'lim_throttled|' .. (lim_parts(base)))
+  return false
+end
+
+-- Try the head ``record`` of ``from``'s waiting set: 'published', 'moved' (another
+-- of its limits refuses: it waits there now), 'refused' (``from`` itself) or 'gone'.
+local function lim_try_head(record, from)
+  local f = redis.call('HMGET', record, 'st', 'lim', 'lane', 'ls')
+  if f[1] ~= 'limited' then
+    redis.call('ZREM', from .. ':w', record)
+    lim_count(from, -1)
+    return 'gone'
+  end
+  local bases = lim_split(f[2])
+  local base, refusal = lim_check(bases, from)
+  if base == from then
+    if type(refusal) == 'number' then lim_due(from, refusal) end
+    return 'refused'
+  end
+  redis.call('ZREM', from .. ':w', record)
+  lim_count(from, -1)
+  if base then
+    lim_enqueue(record, base, refusal, f[4])
+    return 'moved'
+  end
+  lim_take(record, bases)
+  redis.call('HDEL', record, 'lw', 'ls')
+  publish_record(record, LIM.leases, LIM.lease_until)
+  lim_lane_waiting(f[3], -1)
+  return 'published'
+end
+
+-- Fair share: serve the keys with a backlog in turn (a key of weight w gets up to
+-- w tasks a turn) while the limit-wide window has room.
+local function lim_fair_drain(name, d, budget)
+  local ring = LIM.prefix .. 'ring:' .. name
+  local credit = LIM.prefix .. 'credit:' .. name
+  local wide = LIM.prefix .. name .. ':'
+  local steps = 2 * budget + redis.call('LLEN', ring)
+  while budget > 0 and steps > 0 do
+    steps = steps - 1
+    if redis.call('SCARD', wide .. ':f') >= (d.window or 32) then return end
+    local key = redis.call('LINDEX', ring, 0)
+    if not key then return end
+    local base = wide .. key
+    local head = redis.call('ZRANGE', base .. ':w', 0, 0)[1]
+    if not head then
+      redis.call('LPOP', ring)
+      redis.call('HDEL', credit, key)
+    else
+      local outcome = lim_try_head(head, base)
+      if outcome == 'published' then
+        budget = budget - 1
+        local weight = tonumber((d.weights or {})[key]) or 1
+        if redis.call('EXISTS', base .. ':w') == 0 then
+          redis.call('LPOP', ring)
+          redis.call('HDEL', credit, key)
+        elseif redis.call('HINCRBY', credit, key, 1) >= weight then
+          redis.call('HDEL', credit, key)
+          redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+        end
+      elseif outcome == 'refused' then
+        -- This key's own rate or pause: the next key's turn (its due entry wakes it).
+        redis.call('HDEL', credit, key)
+        redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+      end
+    end
+  end
+  if budget == 0 and redis.call('EXISTS', ring) == 1 then lim_due(wide, LIM.now) end
+end
+
+-- Publish waiting heads of ``base`` in order while its limits admit them (at most ``budget``).
+local function lim_drain(base, budget)
+  local name = lim_parts(base)
+  local d = lim_def(name)
+  if d and d.fair_share then return lim_fair_drain(name, d, budget) end
+  while budget > 0 do
+    local head = redis.call('ZRANGE', base .. ':w', 0, 0)[1]
+    if not head then return end
+    if lim_try_head(head, base) == 'refused' then return end
+    budget = budget - 1
+  end
+  if redis.call('EXISTS', base .. ':w') == 1 then lim_due(base, LIM.now) end
+end
+
+--- A task gives back its slots (finished, parked for a retry, expired, or leaked):
+-- each freed instance hands them on to its waiting heads in the same call.
+local function lim_release(record, lim)
+  local bases = lim_split(lim)
+  for _, base in ipairs(bases) do
+    if redis.call('SREM', base .. ':f', record) == 1 then lim_count(base, -1) end
+    local name = lim_parts(base)
+    redis.call('SREM', LIM.prefix .. name .. '::f', record)
+  end
+  for _, base in ipairs(bases) do lim_drain(base, 20) end
+end
+
 -- Hand a chat on after its head reached a terminal state: pop the head, and
--- publish the next message if there is one. Returns the next task id or ''.
+-- publish the next message if there is one (through its limits' gate, if it has
+-- limits: the script called lim_setup with the same leases key and lease). Returns the next task id or ''.
 local function hand_over(chat_queue, chat_id, record_prefix, chats_index, leases_key, lease_until,
                          chat_waiting_prefix)
   redis.call('LPOP', chat_queue)
@@ -69,8 +314,13 @@ local function hand_over(chat_queue, chat_id, record_prefix, chats_index, leases
   local next_id = redis.call('LINDEX', chat_queue, 0)
   if not next_id then return '' end
   local next_record = record_prefix .. next_id
-  local next_lane = redis.call('HGET', next_record, 'lane')
-  publish_record(next_record, leases_key, lease_until)
+  local f = redis.call('HMGET', next_record, 'lane', 'lim', 'kp')
+  local next_lane = f[1]
+  if f[2] and f[2] ~= '' then
+    gate_publish(next_record, f[2], next_lane, f[3])
+  else
+    publish_record(next_record, leases_key, lease_until)
+  end
   if next_lane then
     local waiting = chat_waiting_prefix .. next_lane
     if tonumber(redis.call('DECR', waiting)) <= 0 then redis.call('DEL', waiting) end

@@ -19,6 +19,10 @@
 -- KEYS[23] deadlines of waiting tasks (zset)   KEYS[24] paused lanes (set)
 -- KEYS[25] the lane's live consumers (zset: worker -> heartbeat expiry ms; lanes.consumers)
 -- ARGV[16] the task's deadline, epoch ms
+-- ARGV[17] the task's limit instance bases, newline-separated ('' when its type
+--   names no limits: then nothing below touches a limit key), ARGV[18] limits key
+--   prefix (lanes.keys.LIMIT_PREFIX), ARGV[19] lane key prefix (lanes.keys.LANE_PREFIX)
+-- KEYS[26] the lane's count of tasks waiting on a limit (part of its depth)
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
 --   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
@@ -66,7 +70,8 @@ if digest ~= '' and ARGV[15] ~= '1' then
   end
 end
 
-local depth = redis.call('ZCARD', KEYS[7]) + tonumber(redis.call('GET', KEYS[6]) or '0')
+local waiting = redis.call('MGET', KEYS[6], KEYS[26])
+local depth = redis.call('ZCARD', KEYS[7]) + tonumber(waiting[1] or '0') + tonumber(waiting[2] or '0')
 for i = 11, 20 do
   depth = depth + redis.call('LLEN', KEYS[i])
 end
@@ -102,7 +107,13 @@ local queue_key = KEYS[11 + tonumber(ARGV[5])]
 redis.call('HSET', KEYS[2], 'msg', ARGV[4], 'q', queue_key, 'lane', lane, 'type', ttype,
   'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', '0', 'dl', ARGV[16])
 redis.call('ZADD', KEYS[23], tonumber(ARGV[16]), KEYS[2])
-if publish then
+if ARGV[17] ~= '' then
+  redis.call('HSET', KEYS[2], 'lim', ARGV[17], 'kp', ARGV[5])
+  if publish then
+    lim_setup(ARGV[18], ARGV[19], KEYS[8], KEYS[9], now, KEYS[3], now + tonumber(ARGV[12]))
+    gate_publish(KEYS[2], ARGV[17], lane, ARGV[5])
+  end
+elseif publish then
   publish_record(KEYS[2], KEYS[3], now + tonumber(ARGV[12]))
 end
 if digest ~= '' then

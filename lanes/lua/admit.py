@@ -16,11 +16,13 @@ def admit(
     *, version: str, now: float, task_id: str, message: str, kombu_priority: int, lane: str, task_type: str,
     accepting: bool, capacity: int, chat: str, chat_queue_size: int, idempotency_key: str, payload_digest: str,
     idempotency_window_s: int, queued_lease_ms: int, replace_idempotency: bool, deadline: float,
+    limits: tuple[str, ...] = (),
 ) -> list[Any]:
     """Run admit.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
 
     ``now`` and ``deadline`` are epoch seconds; ``chat`` and ``idempotency_key``
-    are '' when the task has none (``payload_digest`` then too).
+    are '' when the task has none (``payload_digest`` then too); ``limits`` are
+    the task's limit instance bases (``keys.limit_base``), in its type's order.
 
     With ``DISPATCH_REPLICA_ACKS`` = N > 0, an 'ok' or 'dup' reply is returned
     only once N replicas hold the write (``WAIT``), so a failover cannot lose a
@@ -39,12 +41,13 @@ def admit(
             keys.metrics_minute(minute), keys.chat_index(), *keys.lane_queues(lane),
             keys.metrics_minute(minute - 1),
             keys.legacy_idempotency(task_type, idempotency_key) if idempotency_key else record,
-            keys.DEADLINES, keys.PAUSED_LANES, keys.lane_consumers(lane),
+            keys.DEADLINES, keys.PAUSED_LANES, keys.lane_consumers(lane), keys.lane_limited(lane),
         ],
         [
             version, int(now * 1000), task_id, message, kombu_priority, "1" if accepting else "0",
             capacity, chat, chat_queue_size, payload_digest, idempotency_window_s, queued_lease_ms,
             lane, task_type, "1" if replace_idempotency else "0", int(deadline * 1000),
+            "\n".join(limits), keys.LIMIT_PREFIX, keys.LANE_PREFIX,
         ],
         replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
         wait_if=reports_a_task,

@@ -2,19 +2,23 @@
 --
 -- KEYS[1] active chats index (zset)   KEYS[2] leases   KEYS[3] audit cursor
 -- ARGV: 1 now ms, 2 chats per call, 3 queued lease ms, 4 chat key prefix
---   ('dispatch:chat:'), 5 chat-waiting key prefix
+--   ('dispatch:chat:'), 5 chat-waiting key prefix, 6 limits key prefix,
+--   7 lane key prefix
+-- KEYS[4] metrics totals   KEYS[5] metrics minute (a hand-over may gate the next head)
 -- Returns {chats_checked, heads_handed_over, heads_republished, index_entries_dropped}
 --
 -- Normal operation never needs this: admit, finish and the lease sweep keep
 -- every head moving. It covers what they cannot see: a head record that
 -- vanished (a script aborted midway, or data lost to an fsync window) and a
--- head without a lease. It walks the index with ZSCAN, a batch per call.
+-- head without a lease (a head waiting on a limit has none, by design: it is
+-- left alone). It walks the index with ZSCAN, a batch per call.
 
 local cursor = redis.call('GET', KEYS[3]) or '0'
 local scan = redis.call('ZSCAN', KEYS[1], cursor, 'COUNT', tonumber(ARGV[2]))
 redis.call('SET', KEYS[3], scan[1])
 local now = tonumber(ARGV[1])
 local lease_until = now + tonumber(ARGV[3])
+lim_setup(ARGV[6], ARGV[7], KEYS[4], KEYS[5], now, KEYS[2], lease_until)
 local checked, handed, republished, dropped = 0, 0, 0, 0
 local entries = scan[2]
 for i = 1, #entries, 2 do
@@ -32,7 +36,7 @@ for i = 1, #entries, 2 do
     if not st then
       hand_over(queue, chat_id, base .. 't:', KEYS[1], KEYS[2], lease_until, ARGV[5])
       handed = handed + 1
-    elseif not redis.call('ZSCORE', KEYS[2], record) then
+    elseif st ~= 'limited' and not redis.call('ZSCORE', KEYS[2], record) then
       publish_record(record, KEYS[2], lease_until)
       republished = republished + 1
     end

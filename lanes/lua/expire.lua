@@ -6,14 +6,18 @@
 --   record and its tombstone), 4 seconds to keep the tombstone, 5 queued lease ms,
 --   6 chat key prefix ('dispatch:chat:'), 7 chat-waiting key prefix, 8 delayed-set
 --   key prefix, 9 tombstone key prefix, 10 ms before a pending row is handed out
---   again, 11 how deep to search a lane list for the expired copy
+--   again, 11 how deep to search a lane list for the expired copy, 12 limits key
+--   prefix, 13 lane key prefix
 -- Returns a flat list {record, msg, ...}: the records expired now, then those
 -- whose rows a caller took but did not confirm (ARGV[10] ago or more).
 --
 -- Cost: one ZRANGEBYSCORE on the deadlines set and, per expired task, O(1)
 -- steps plus a bounded search of its lane list; never a scan of the backlog.
 --
--- Only a task that is still waiting (queued, or parked for a retry) expires
+-- A task waiting on a limit leaves its waiting set (the lane's limited count
+-- drops); a published task with limits gives its slots back (lim_release).
+--
+-- Only a task that is still waiting (queued, parked for a retry, or limited) expires
 -- here: a claimed one is its worker's to finish (start.lua took it out of the
 -- set). For each: it leaves its lane (its copy is removed from the lane list if
 -- found near the consuming end, else a worker that pops it later is answered
@@ -35,6 +39,7 @@ local now = tonumber(ARGV[1])
 local out = {}
 local window = tonumber(ARGV[11])
 local retry_at = now + tonumber(ARGV[10])
+lim_setup(ARGV[12], ARGV[13], KEYS[5], KEYS[6], now, KEYS[3], now + tonumber(ARGV[5]))
 
 local function remove_copy(record, queue, msg, pub)
   local task_id = string.match(record, '([^:]+)$')
@@ -48,15 +53,19 @@ end
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, record in ipairs(due) do
   redis.call('ZREM', KEYS[1], record)
-  local f = redis.call('HMGET', record, 'st', 'lane', 'type', 'chat', 'q', 'pub', 'msg')
+  local f = redis.call('HMGET', record, 'st', 'lane', 'type', 'chat', 'q', 'pub', 'msg', 'lim', 'lw')
   local st, lane, chat = f[1], f[2], f[4]
-  if st == 'queued' or st == 'retry' then
+  if st == 'queued' or st == 'retry' or st == 'limited' then
     local task_id = string.match(record, '([^:]+)$')
     if st == 'retry' then
       redis.call('ZREM', ARGV[8] .. lane, record)
+    elseif st == 'limited' then
+      if f[9] and redis.call('ZREM', f[9] .. ':w', record) == 1 then lim_count(f[9], -1) end
+      lim_lane_waiting(lane, -1)
     elseif f[6] and f[6] ~= '0' then
       remove_copy(record, f[5], f[7], f[6])
     end
+    if st == 'queued' and f[8] then lim_release(record, f[8]) end
     if chat and chat ~= '' then
       local base = ARGV[6] .. '{' .. chat .. '}:'
       local queue = base .. 'q'

@@ -19,5 +19,6 @@ def expire(
         keys=[keys.DEADLINES, keys.EXPIRED_PENDING, keys.LEASES, keys.chat_index(), keys.METRICS_TOTAL,
               keys.metrics_minute(int(now // 60))],
         args=[int(now * 1000), batch, result_json, tombstone_ttl_s, queued_lease_ms, keys.CHAT_PREFIX,
-              keys.lane_chat_waiting(""), keys.lane_delayed(""), keys.tombstone(""), retry_rows_ms, search_depth],
+              keys.lane_chat_waiting(""), keys.lane_delayed(""), keys.tombstone(""), retry_rows_ms, search_depth,
+              keys.LIMIT_PREFIX, keys.LANE_PREFIX],
     )

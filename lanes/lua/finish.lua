@@ -10,7 +10,9 @@
 --   9 metric field suffix ('lane|type'), 10 outcome detail (dead reason or ''),
 --   11 execution-latency bucket label or '', 12 chat-waiting key prefix,
 --   13 execution latency in seconds, 14 owner that claimed this attempt ('' when
---   the task is dead-lettered without a claim, e.g. poison), 15 settle lease ms
+--   the task is dead-lettered without a claim, e.g. poison), 15 settle lease ms,
+--   16 limits key prefix, 17 lane key prefix (a task with limits gives its slots
+--   back here, and each freed slot goes to the next waiting task in this call)
 -- Returns {'ok', next_task_id or ''} | {'already', state} | {'gone'}
 --   | {'taken', owner}
 --
@@ -24,7 +26,7 @@
 -- deleted by Redis only when this pop empties it, and an append after that
 -- simply creates it again with the new message as head.
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'lane', 'own')
+local f = redis.call('HMGET', KEYS[1], 'st', 'lane', 'own', 'lim')
 local st = f[1]
 if not st then return {'gone'} end
 if st == 'done' or st == 'dead' then return {'already', st} end
@@ -53,6 +55,10 @@ count_to(KEYS[5], KEYS[6], 'completed|' .. lane)
 observe(KEYS[5], KEYS[6], 'xlat', field, ARGV[11], ARGV[13])
 -- Handler seconds per lane and minute: admission's estimate of how fast one worker slot drains the lane.
 if ARGV[11] ~= '' then redis.call('HINCRBYFLOAT', KEYS[6], 'busy|' .. lane, ARGV[13]) end
+
+local now = tonumber(ARGV[4])
+lim_setup(ARGV[16], ARGV[17], KEYS[5], KEYS[6], now, KEYS[2], now + tonumber(ARGV[6]))
+if f[4] then lim_release(KEYS[1], f[4]) end
 
 local next_id = ''
 if ARGV[7] ~= '' and redis.call('LINDEX', KEYS[3], 0) == ARGV[1] then

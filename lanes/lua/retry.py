@@ -12,12 +12,16 @@ NAME = "retry"
 
 def retry(
     *, record: str, lane: str, now: float, next_attempt: int, message: str, due: float, queued_lease_ms: int,
-    metric_field: str, owner: str,
+    metric_field: str, owner: str, retry_after_s: float | None = None,
 ) -> list[Any]:
-    """Run retry.lua (KEYS/ARGV in its header); ``due`` is epoch seconds. Returns Redis's reply."""
+    """Run retry.lua (KEYS/ARGV in its header); ``due`` is epoch seconds. Returns Redis's reply.
+
+    ``retry_after_s``: the provider's Retry-After, which pauses the task's global and key limits.
+    """
     return call(
         NAME,
         [record, keys.LEASES, keys.lane_delayed(lane), keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)),
          keys.DEADLINES],
-        [next_attempt, message, int(due * 1000), queued_lease_ms, metric_field, owner],
+        [next_attempt, message, int(due * 1000), queued_lease_ms, metric_field, owner, int(now * 1000),
+         max(0, int((retry_after_s or 0) * 1000)), keys.LIMIT_PREFIX, keys.LANE_PREFIX],
     )

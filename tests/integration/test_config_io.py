@@ -73,3 +73,23 @@ def test_default_config_is_valid():
 
     apply_config(json.loads(DEFAULT_CONFIG.read_text()))
     assert TaskType.objects.get(name="chat.send").chat_scoped
+
+
+def test_limits_section_round_trips_in_order_and_names_a_bad_entry():
+    from tasks.models import Limit
+
+    prefix = unique("cfl")
+    data = config(prefix, limits=[f"{prefix}-chat", f"{prefix}-all"])
+    data["limits"] = [{"name": f"{prefix}-all", "scope": "global", "rate": 30, "burst": 30},
+                      {"name": f"{prefix}-chat", "scope": "chat", "rate": 1, "burst": 3}]
+    assert apply_config(data)["limits"] == 2
+    exported = export_config()
+    tt = next(t for t in exported["task_types"] if t["name"] == f"{prefix}.echo")
+    assert tt["limits"] == [f"{prefix}-chat", f"{prefix}-all"]  # the type's order, not the names'
+    assert {x["name"] for x in exported["limits"]} >= {f"{prefix}-all", f"{prefix}-chat"}
+    bad = config(prefix, limits=["nope"])
+    with pytest.raises(ConfigError, match=r"task_types\[0\] .*limits: 'nope' does not exist"):
+        apply_config(bad)
+    with pytest.raises(ConfigError, match=r"limits\[0\] .*scope"):
+        apply_config({"limits": [{"name": f"{prefix}-fs", "scope": "global", "fair_share": True}]})
+    assert not Limit.objects.filter(name=f"{prefix}-fs").exists()  # all or nothing
