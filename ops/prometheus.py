@@ -176,6 +176,21 @@ def maintenance_families(stats: dict[str, float]) -> list[Metric]:
     ]
 
 
+def topology_families(topology: dict) -> list[Metric]:
+    """Where the platform's Redis master is (``lanes.redis_client.redis_topology``): a failover shows here."""
+    master = GaugeMetricFamily("dispatch_redis_master_info", "The Redis the platform writes to now (1).",
+                               labels=["address", "role", "sentinel"])
+    master.add_metric([topology["master"], topology["role"], "1" if topology["sentinel"] else "0"], 1)
+    return [
+        master,
+        CounterMetricFamily("dispatch_redis_failovers", "Failovers of the Redis master, as its Sentinels count "
+                            "them: their configuration epoch, +1 per election (a failover whose first vote split "
+                            "counts 2); 0 without Sentinel.", value=topology["failovers"]),
+        GaugeMetricFamily("dispatch_redis_connected_replicas", "Replicas connected to the Redis master.",
+                          value=topology["replicas"]),
+    ]
+
+
 class DispatchCollector(Collector):
     """Reads Redis and the lane table at each scrape."""
 
@@ -183,7 +198,7 @@ class DispatchCollector(Collector):
         from django.conf import settings
 
         from lanes.models import Lane
-        from lanes.redis_client import get_redis
+        from lanes.redis_client import get_redis, redis_topology
 
         client = get_redis()
         now = time.time()
@@ -203,6 +218,7 @@ class DispatchCollector(Collector):
             maintenance=metrics.read_maintenance(client),
             limits=limit_stats.read_limits(client, now, rates={}, totals={}, top=0),
         )
+        yield from topology_families(redis_topology())
 
 
 def registry() -> CollectorRegistry:

@@ -1,4 +1,4 @@
-"""Scenario 11: limits under faults: workers killed while their tasks hold slots, Redis frozen.
+"""Scenario 12: limits under faults: workers killed while their tasks hold slots, Redis frozen.
 
 A chat-scoped ``http.post`` type with two limits (a global cap of running
 tasks with a rate, and a per-chat rate), constant load above what the limits
@@ -58,7 +58,7 @@ def _max_running(sink) -> int:
     return most
 
 
-def test_11_limits_kill_workers_holding_slots_and_freeze_redis(cluster_factory, record):
+def test_12_limits_kill_workers_holding_slots_and_freeze_redis(cluster_factory, record):
     started = time.time()
     cluster = cluster_factory(env={"DISPATCH_REDIS_TIMEOUT_S": "3"})
     lane = unique("fl-lim")
@@ -90,7 +90,7 @@ def test_11_limits_kill_workers_holding_slots_and_freeze_redis(cluster_factory, 
     time.sleep(duration * 0.15)
     kill_one(1, "threads", 4)
     load.wait(timeout=duration + 120)
-    rep = drain_and_check(cluster, [load], scenario="11 limits: kill holders, freeze Redis",
+    rep = drain_and_check(cluster, [load], scenario="12 limits: kill holders, freeze Redis",
                           drain_bound=pick(120, 180), lanes=[lane])
     deadline = time.time() + 30
     while _limit_residue(client, names, lane) and time.time() < deadline:
@@ -99,7 +99,7 @@ def test_11_limits_kill_workers_holding_slots_and_freeze_redis(cluster_factory, 
     rep.extra["limits"] = {"killed_while_holding_slots": faults["killed_holding"], "redis_frozen_s": pause,
                            "most_running_at_once": _max_running(cluster.sink.sink), "cap": CAP,
                            "leaked": leaked or 0}
-    record("11-limits-faults", rep, started)
+    record("12-limits-faults", rep, started)
     assert rep.accepted > 0 and rep.accounted, rep.summary()
     assert rep.lost == rep.duplicate_effects == rep.order_violations == rep.stuck == 0, rep.summary()
     assert any(faults["killed_holding"]), "no worker was killed while its tasks held slots"
