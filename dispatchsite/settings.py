@@ -177,10 +177,35 @@ FLOWER_PORT = int(setting("FLOWER_PORT", "5555", RUNTIME))
 DISPATCH_ADMIN_URL = os.environ.get("DISPATCH_ADMIN_URL") or f"http://127.0.0.1:{WEB_PORT}/admin/"
 
 # --- Redis and Celery -------------------------------------------------------
+
+
+def _broker_url(url: str, password: str) -> str:
+    """A Sentinel URL for kombu, with ``REDIS_PASSWORD`` on its first part when it carries none."""
+    first, sep, rest = url.strip().partition(";")
+    if not password or "@" in first:
+        return url
+    return f"sentinel://:{quote(password, safe='')}@{first[len('sentinel://'):]}{sep}{rest}"
+
+
 REDIS_PORT = int(setting("REDIS_PORT", "6380", RUNTIME))
 REDIS_URL = setting("REDIS_URL", "", RUNTIME) or (
     f"redis://:{quote(GENERATED['redis_password'], safe='')}@127.0.0.1:{REDIS_PORT}/0"
 )
+
+#: With ``REDIS_URL=sentinel://host:port;sentinel://host:port/0`` (Redis Sentinel), the
+#: master's name as the Sentinels know it, the master's password when the URL
+#: carries none, and the Sentinels' own password if they require one.
+REDIS_SENTINEL = REDIS_URL.strip().lower().startswith("sentinel://")
+DISPATCH_SENTINEL_MASTER = os.environ.get("DISPATCH_SENTINEL_MASTER", "mymaster")
+REDIS_PASSWORD = os.environ.get("REDIS_PASSWORD", "")
+DISPATCH_SENTINEL_PASSWORD = os.environ.get("DISPATCH_SENTINEL_PASSWORD", "")
+#: Replicas that must hold an admission's write before ``dispatch`` answers
+#: "accepted" (Redis ``WAIT``): 1 closes the loss window of a failover
+#: (docs/scaling.md). 0 (default): answer as soon as the master wrote it.
+DISPATCH_REPLICA_ACKS = int(os.environ.get("DISPATCH_REPLICA_ACKS", "0"))
+#: Milliseconds admission waits for those replicas; past it ``dispatch`` answers
+#: ``unavailable`` with "outcome unknown" (retry with the same idempotency key).
+DISPATCH_REPLICA_ACKS_TIMEOUT_MS = int(os.environ.get("DISPATCH_REPLICA_ACKS_TIMEOUT_MS", "1000"))
 
 #: Seconds a running task's claim, and the broker's visibility timeout, last
 #: without renewal: a crashed worker's task is redelivered within about this.
@@ -215,7 +240,7 @@ DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
 #: other live worker consumes, lanes created at run time included (lanes.worker).
 DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")
 
-CELERY_BROKER_URL = REDIS_URL
+CELERY_BROKER_URL = _broker_url(REDIS_URL, REDIS_PASSWORD) if REDIS_SENTINEL else REDIS_URL
 # django-celery-results' table, written with one upsert per task (tasks.results).
 CELERY_RESULT_BACKEND = "tasks.results.UpsertBackend"
 # Celery's Django fixup otherwise closes every DB connection around every task,
@@ -253,9 +278,14 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "socket_timeout": float(os.environ.get("DISPATCH_BROKER_TIMEOUT_S", "15")),
     "socket_connect_timeout": 5,
 }
+if REDIS_SENTINEL:
+    # kombu's Sentinel channel asks these Sentinels for the master (lanes.transport.SentinelTransport).
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = DISPATCH_SENTINEL_MASTER
+    if DISPATCH_SENTINEL_PASSWORD:
+        CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {"password": DISPATCH_SENTINEL_PASSWORD}
 CELERY_BROKER_POOL_LIMIT = 32
 CELERY_WORKER_CONSUMER = "tasks.worker_consumer:Consumer"
-CELERY_BROKER_TRANSPORT = "lanes.transport:Transport"
+CELERY_BROKER_TRANSPORT = "lanes.transport:SentinelTransport" if REDIS_SENTINEL else "lanes.transport:Transport"
 # Upkeep (promote retries, expire waiting tasks, sweep leases) runs in a thread of
 # every worker and of beat (tasks.maintenance), not as a beat task: a message every
 # two seconds flooded Flower's task list and the log.

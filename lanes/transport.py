@@ -216,3 +216,20 @@ class Transport(kombu_redis.Transport):
             return super()._deliver(message, queue)
         except KeyError as exc:
             raise UndeliverableMessage(f"missing field {exc}") from exc
+
+
+class SentinelLaneChannel(LaneChannel, kombu_redis.SentinelChannel):
+    """The lane channel (same QoS, same hardening) on the master that Redis Sentinel names.
+
+    kombu's ``SentinelChannel`` builds its connection pool from
+    ``sentinel.master_for``: a connection opened after a failover reaches the
+    new master, and one still open to the old master fails, which Celery
+    handles as a lost broker connection (the worker reconnects by itself).
+    """
+
+
+class SentinelTransport(Transport):
+    """``lanes.transport:Transport`` through Redis Sentinel (``REDIS_URL=sentinel://...``)."""
+
+    default_port = kombu_redis.SentinelTransport.default_port  # type: ignore[assignment]  # kombu types it None
+    Channel = SentinelLaneChannel

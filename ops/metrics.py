@@ -22,6 +22,7 @@ from lanes import consumers as lane_consumers
 from lanes import histogram, keys
 from lanes.metrics import MAINTENANCE_COUNTS
 from lanes.priorities import from_kombu
+from ops import limit_stats
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -124,6 +125,8 @@ class LaneGauges:
     scheduled_retries: int = 0
     chat_waiting: int = 0
     in_flight: int = 0
+    #: Tasks waiting in Redis for a limit to admit them (``lanes.keys.lane_limited``): not in the broker yet.
+    limited: int = 0
 
     @property
     def depth(self) -> int:
@@ -132,8 +135,8 @@ class LaneGauges:
 
     @property
     def waiting(self) -> int:
-        """Everything admission counts against the capacity: depth, scheduled retries, chat backlogs."""
-        return self.depth + self.scheduled_retries + self.chat_waiting
+        """Everything admission counts against the capacity: depth, scheduled retries, chat backlogs, limits."""
+        return self.depth + self.scheduled_retries + self.chat_waiting + self.limited
 
     @property
     def remaining(self) -> int:
@@ -241,17 +244,19 @@ def read_gauges(client: Redis, lanes: Iterable[str], now: float, lease_s: float)
             pipe.llen(queue)
         pipe.zcard(keys.lane_delayed(lane))
         pipe.get(keys.lane_chat_waiting(lane))
+        pipe.get(keys.lane_limited(lane))
     replies = pipe.execute()
     running = read_in_flight(client, now, lease_s)
     out = {}
-    step = keys.PRIORITY_LEVELS + 2
+    step = keys.PRIORITY_LEVELS + 3
     for i, lane in enumerate(names):
         chunk = replies[i * step:(i + 1) * step]
         out[lane] = LaneGauges(
             depth_by_priority={from_kombu(p): int(n) for p, n in enumerate(chunk[: keys.PRIORITY_LEVELS])},
-            scheduled_retries=int(chunk[-2]),
-            chat_waiting=max(0, int(chunk[-1] or 0)),
+            scheduled_retries=int(chunk[-3]),
+            chat_waiting=max(0, int(chunk[-2] or 0)),
             in_flight=running.get(lane, 0),
+            limited=max(0, int(chunk[-1] or 0)),
         )
     return out
 
@@ -306,13 +311,15 @@ def record_sample(client: Redis, lanes: Iterable[str], now: float) -> None:
             pipe.llen(queue)
         pipe.zcard(keys.lane_delayed(lane))
         pipe.get(keys.lane_chat_waiting(lane))
+        pipe.get(keys.lane_limited(lane))
         pipe.hget(keys.METRICS_TOTAL, f"completed|{lane}")
     replies = pipe.execute()
-    step = keys.PRIORITY_LEVELS + 3
+    step = keys.PRIORITY_LEVELS + 4
     pipe = client.pipeline(transaction=False)
     for i, lane in enumerate(names):
         chunk = replies[i * step:(i + 1) * step]
-        waiting = sum(int(n) for n in chunk[: keys.PRIORITY_LEVELS]) + int(chunk[-3]) + max(0, int(chunk[-2] or 0))
+        waiting = (sum(int(n) for n in chunk[: keys.PRIORITY_LEVELS]) + int(chunk[-4])
+                   + max(0, int(chunk[-3] or 0)) + max(0, int(chunk[-2] or 0)))
         completed = int(chunk[-1] or 0)
         key = keys.metrics_samples(lane)
         pipe.zadd(key, {f"{now:.3f}:{waiting}:{completed}": now})
@@ -377,6 +384,8 @@ class LaneRow:
     waiting: int
     in_flight: int
     dead_letters: int
+    #: Tasks waiting on a limit (in ``waiting``, not in ``depth``).
+    limited: int
     stats: dict[str, Any]
     series: list[dict[str, float | None]]
     #: Live workers holding the lane, from their heartbeats (``lanes.consumers``).
@@ -444,14 +453,18 @@ def snapshot(client: Redis | None = None, now: float | None = None,
             name=lane.name, capacity=lane.capacity, accepting=lane.accepting, paused=lane.name in paused,
             draining=lane.name in draining, depth=g.depth, depth_by_priority=g.depth_by_priority,
             scheduled_retries=g.scheduled_retries, chat_waiting=g.chat_waiting, waiting=g.waiting,
-            in_flight=g.in_flight, dead_letters=dead.get(lane.name, 0),
+            in_flight=g.in_flight, dead_letters=dead.get(lane.name, 0), limited=g.limited,
             stats=lane_stats(lane.name, minutes, elapsed), series=series_from_samples(samples[lane.name]),
             consumers=holders.get(lane.name, []),
         ))
     window = merge(minutes)
+    limits = limit_stats.read_limits(
+        client, now, rates=limit_stats.counter_rates(minutes, RATE_WINDOWS, elapsed, rate),
+        totals=limit_stats.counter_totals(read_totals(client)))
     return {
         "generated_at": now,
         "lanes": [row.as_dict() for row in rows],
+        "limits": [row.as_dict() for row in limits],
         "chats": read_chats(client),
         "rejections": {"by_reason_15m": rejections_by_reason(window)[:20],
                        "recent": read_recent_rejections(client)},
@@ -470,11 +483,32 @@ def table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             "lane": lane["name"], "admission": lane["admission"], "consuming": lane["consuming"],
             "workers": len(lane["consumers"]),
             "depth": lane["depth"], "retries": lane["scheduled_retries"], "chat_wait": lane["chat_waiting"],
+            "limited": lane["limited"],
             "in_flight": lane["in_flight"],
             "disp/s 1m": s["dispatched_per_s"]["1m"], "done/s 1m": s["completed_per_s"]["1m"],
             "done/s 15m": s["completed_per_s"]["15m"],
             "qlat p50": format_seconds(s["queue_latency_p50_s"]), "qlat p95": format_seconds(s["queue_latency_p95_s"]),
             "fail% 15m": f"{fail * 100:.1f}" if fail is not None else "-",
             "retries by attempt": retries or "-", "dead": lane["dead_letters"],
+        })
+    return rows
+
+
+def limit_table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """The dashboard's limits table flattened for a terminal (the busiest keys in one column)."""
+    rows = []
+    for lim in snap.get("limits", []):
+        rate_1m = lim["admitted_per_s"].get("1m", 0.0)
+        busiest = " ".join(
+            f"{b['key']}:{b['in_flight']}+{b['waiting']}" for b in lim["busiest"] if lim["scope"] != "global")
+        rows.append({
+            "limit": lim["name"], "scope": lim["scope"] + (" fair" if lim["fair_share"] else ""),
+            "rate/s 1m": format_rate(rate_1m),
+            "limit/s": format_rate(lim["rate"]) if lim["rate"] else "-",
+            "in flight": lim["in_flight"], "cap": lim["cap"] if lim["cap"] is not None else "-",
+            "waiting": lim["waiting"],
+            "throttled/s 1m": format_rate(lim["throttled_per_s"].get("1m", 0.0)),
+            "keys": f"{lim['instances']}{'+' if lim['partial'] else ''}" if lim["scope"] != "global" else "-",
+            "busiest (running+waiting)": busiest or "-",
         })
     return rows

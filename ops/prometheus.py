@@ -15,7 +15,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from lanes import consumers as lane_consumers
 from lanes.metrics import DEAD_LETTER_WRITE_FAILURES
-from ops import metrics
+from ops import limit_stats, metrics
+from ops.limit_stats import LimitRow
 from ops.metrics import Counters, LaneGauges
 
 #: Field kinds that are per (lane, type) task counts -> the ``outcome`` label.
@@ -23,7 +24,8 @@ OUTCOMES = ("dispatched", "rejected", "started", "succeeded", "retried", "dead")
 
 
 def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, dict], chats: dict,
-             dead_letters: dict[str, int], maintenance: dict[str, float] | None = None) -> list[Metric]:
+             dead_letters: dict[str, int], maintenance: dict[str, float] | None = None,
+             limits: list[LimitRow] | None = None) -> list[Metric]:
     """Build every metric family from data already read (pure; unit tested)."""
     tasks = CounterMetricFamily(
         "dispatch_tasks", "Task events by lane, type and outcome (dispatched, rejected, started, succeeded, "
@@ -85,6 +87,9 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
                                      "Chat messages waiting behind their chat's head (not yet in the broker).",
                                      labels=["lane"])
     in_flight = GaugeMetricFamily("dispatch_lane_in_flight", "Tasks running now.", labels=["lane"])
+    limited = GaugeMetricFamily("dispatch_lane_limited",
+                                "Tasks waiting in Redis for a limit to admit them (not in the broker yet).",
+                                labels=["lane"])
     capacity = GaugeMetricFamily("dispatch_lane_capacity", "Most tasks a lane holds before rejecting.",
                                  labels=["lane"])
     accepting = GaugeMetricFamily("dispatch_lane_accepting", "1 if the lane admits new tasks.", labels=["lane"])
@@ -100,6 +105,7 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
         scheduled.add_metric([lane], g.scheduled_retries)
         chat_waiting.add_metric([lane], g.chat_waiting)
         in_flight.add_metric([lane], g.in_flight)
+        limited.add_metric([lane], g.limited)
         conf = lanes.get(lane, {})
         capacity.add_metric([lane], conf.get("capacity", 0))
         accepting.add_metric([lane], 1 if conf.get("accepting") else 0)
@@ -111,8 +117,44 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
     longest = GaugeMetricFamily("dispatch_chat_backlog_max", "The longest chat backlog.",
                                 value=chats.get("longest", 0))
     return [tasks, rejected, dead, retries, completed, unwritten, qlat, xlat, depth, scheduled, chat_waiting,
-            in_flight, capacity, accepting, paused, consumers, pending_dead, active, longest,
-            *maintenance_families(maintenance or {})]
+            in_flight, limited, capacity, accepting, paused, consumers, pending_dead, active, longest,
+            *maintenance_families(maintenance or {}), *limit_families(totals, limits or [])]
+
+
+def limit_families(totals: Counters, limits: list[LimitRow]) -> list[Metric]:
+    """Flow control, one series per limit name (never per key: a key's value is unbounded).
+
+    The busiest keys of a limit are on the dashboard and in ``manage.py lanes --json``.
+    """
+    admitted = CounterMetricFamily("dispatch_limit_admitted", "Tasks a limit admitted (took a token and a slot).",
+                                   labels=["limit"])
+    throttled = CounterMetricFamily("dispatch_limit_throttled",
+                                    "Tasks that had to wait for a limit (counted once per wait).", labels=["limit"])
+    for name, counts in sorted(limit_stats.counter_totals(totals).items()):
+        if "admitted" in counts:
+            admitted.add_metric([name], counts["admitted"])
+        if "throttled" in counts:
+            throttled.add_metric([name], counts["throttled"])
+    in_flight = GaugeMetricFamily("dispatch_limit_in_flight",
+                                  "Tasks holding a slot of the limit (published, not finished), all keys together.",
+                                  labels=["limit"])
+    waiting = GaugeMetricFamily("dispatch_limit_waiting", "Tasks waiting for the limit to admit them, all keys "
+                                "together.", labels=["limit"])
+    instances = GaugeMetricFamily("dispatch_limit_keys_active",
+                                  "Instances of the limit (chats, keys; 1 for global) with work.", labels=["limit"])
+    rate = GaugeMetricFamily("dispatch_limit_rate", "Configured rate of one instance (tasks/s); absent: no rate.",
+                             labels=["limit"])
+    cap = GaugeMetricFamily("dispatch_limit_max_in_flight", "Configured running cap of one instance (the window "
+                            "of a fair-share limit); absent: no cap.", labels=["limit"])
+    for row in limits:
+        in_flight.add_metric([row.name], row.in_flight)
+        waiting.add_metric([row.name], row.waiting)
+        instances.add_metric([row.name], row.instances)
+        if row.rate:
+            rate.add_metric([row.name], float(row.rate))
+        if row.cap is not None:
+            cap.add_metric([row.name], row.cap)
+    return [admitted, throttled, in_flight, waiting, instances, rate, cap]
 
 
 def maintenance_families(stats: dict[str, float]) -> list[Metric]:
@@ -134,6 +176,21 @@ def maintenance_families(stats: dict[str, float]) -> list[Metric]:
     ]
 
 
+def topology_families(topology: dict) -> list[Metric]:
+    """Where the platform's Redis master is (``lanes.redis_client.redis_topology``): a failover shows here."""
+    master = GaugeMetricFamily("dispatch_redis_master_info", "The Redis the platform writes to now (1).",
+                               labels=["address", "role", "sentinel"])
+    master.add_metric([topology["master"], topology["role"], "1" if topology["sentinel"] else "0"], 1)
+    return [
+        master,
+        CounterMetricFamily("dispatch_redis_failovers", "Failovers of the Redis master, as its Sentinels count "
+                            "them: their configuration epoch, +1 per election (a failover whose first vote split "
+                            "counts 2); 0 without Sentinel.", value=topology["failovers"]),
+        GaugeMetricFamily("dispatch_redis_connected_replicas", "Replicas connected to the Redis master.",
+                          value=topology["replicas"]),
+    ]
+
+
 class DispatchCollector(Collector):
     """Reads Redis and the lane table at each scrape."""
 
@@ -141,7 +198,7 @@ class DispatchCollector(Collector):
         from django.conf import settings
 
         from lanes.models import Lane
-        from lanes.redis_client import get_redis
+        from lanes.redis_client import get_redis, redis_topology
 
         client = get_redis()
         now = time.time()
@@ -151,14 +208,17 @@ class DispatchCollector(Collector):
             lanes[name]["paused"] = True
         for name, holders in lane_consumers.read_holders(client, lanes, now).items():
             lanes[name]["consumers"] = len(holders)
+        totals = metrics.read_totals(client)
         yield from families(
-            totals=metrics.read_totals(client),
+            totals=totals,
             gauges=metrics.read_gauges(client, lanes, now, settings.DISPATCH_LEASE_S),
             lanes=lanes,
             chats=metrics.read_chats(client, top=1),
             dead_letters=metrics.dead_letter_counts(),
             maintenance=metrics.read_maintenance(client),
+            limits=limit_stats.read_limits(client, now, rates={}, totals={}, top=0),
         )
+        yield from topology_families(redis_topology())
 
 
 def registry() -> CollectorRegistry:

@@ -91,6 +91,10 @@ def _live_context(request: HttpRequest) -> dict:
         s["failure_pct"] = f"{fail * 100:.1f}%" if fail is not None else "-"
         for kind in ("dispatched", "completed"):
             s[f"{kind}_rates"] = {w: metrics.format_rate(v) for w, v in s[f"{kind}_per_s"].items()}
+    for lim in snap["limits"]:
+        for kind in ("admitted", "throttled"):
+            lim[f"{kind}_rates"] = {f"{w}m": metrics.format_rate(lim[f"{kind}_per_s"].get(f"{w}m", 0.0))
+                                    for w in metrics.RATE_WINDOWS}
     return {
         "snap": snap,
         "can_control": _can_control(request),

@@ -28,7 +28,7 @@ from lanes.messages import Envelope, build_message
 from lanes.priorities import to_kombu
 from tasks import config
 from tasks import signals as lifecycle
-from tasks.estimate import estimate_delay
+from tasks.estimate import estimate_delay, limit_wait
 from tasks.validation import Invalid, check_dispatch, check_limits, shown
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def admit(
             except redis.RedisError as exc:  # a rejection is a result, never an exception
                 return _unavailable(exc, None)
             continue
-        return _interpret(reply, status, task_id, tc, checked, now)
+        return _interpret(reply, status, task_id, tc, checked, now, snap.limits)
     return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
 
 
@@ -186,7 +186,8 @@ def _unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     return DispatchResult(accepted=False, reason="unavailable", detail=detail)
 
 
-def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, checked, now: float) -> DispatchResult:
+def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, checked, now: float,
+               limits: dict[str, dict] | None = None) -> DispatchResult:
     if status == "dup":
         return DispatchResult(True, reply[1].decode(), tc.lane, checked.priority, duplicate=True)
     if status == "conflict":
@@ -203,10 +204,15 @@ def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, chec
         }.get(reason, reason)
         return _rejected(tc.name, tc.lane, reason, detail)
     position = int(reply[1])
+    waits_on = reply[10].decode() if len(reply) > 10 else ""
+    limit = None
+    if waits_on:  # a limit did not admit it yet: its turn there bounds the wait
+        name = waits_on[len(keys.LIMIT_PREFIX):].split(":", 1)[0]
+        limit = limit_wait(name, int(reply[11]), (limits or {}).get(name), paused_for_s=int(reply[12]) / 1000)
     estimated, why = estimate_delay(
         lane=tc.lane, ahead_in_lane=int(reply[5]), ahead_in_chat=position - 1 if tc.chat_scoped else 0,
         completed=int(reply[3]) + int(reply[4]), busy_s=float(reply[6]) + float(reply[7]),
-        window_s=60 + now % 60, paused=int(reply[8]) == 1, consumers=int(reply[9]),
+        window_s=60 + now % 60, paused=int(reply[8]) == 1, consumers=int(reply[9]), limit=limit,
     )
     if int(reply[9]) == 0 and int(reply[8]) != 1:
         why = no_consumer_detail(tc.lane)

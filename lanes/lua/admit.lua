@@ -26,7 +26,8 @@
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
 --   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
---   paused 0/1, live_consumers}
+--   paused 0/1, live_consumers, waits_on (limit instance base or ''),
+--   waiting_ahead, paused_ms}
 -- ``ahead``: messages in the lane's lists that a worker takes before this one
 -- (same or more urgent priority), counted before it was pushed; ``busy_s``: the
 -- handler seconds the lane's workers spent in that minute (finish.lua).
@@ -121,8 +122,20 @@ if digest ~= '' then
   redis.call('EXPIRE', KEYS[4], tonumber(ARGV[11]))
 end
 count('dispatched')
+-- A task a limit did not admit: the instance it waits on, how many wait there
+-- before it, and the instance's Retry-After pause (admission's estimate). Nothing
+-- is read for a type that names no limit.
+local waits_on, waiting_ahead, paused_ms = '', 0, 0
+if ARGV[17] ~= '' then
+  waits_on = redis.call('HGET', KEYS[2], 'lw') or ''
+  if waits_on ~= '' then
+    waiting_ahead = redis.call('ZRANK', waits_on .. ':w', KEYS[2]) or 0
+    paused_ms = math.max(0, redis.call('PTTL', waits_on .. ':p'))
+  end
+end
 local done_field, busy_field = 'completed|' .. lane, 'busy|' .. lane
 return {'ok', position, depth, redis.call('HGET', KEYS[9], done_field) or '0',
   redis.call('HGET', KEYS[21], done_field) or '0', ahead,
   redis.call('HGET', KEYS[9], busy_field) or '0', redis.call('HGET', KEYS[21], busy_field) or '0',
-  redis.call('SISMEMBER', KEYS[24], lane), redis.call('ZCOUNT', KEYS[25], now, '+inf')}
+  redis.call('SISMEMBER', KEYS[24], lane), redis.call('ZCOUNT', KEYS[25], now, '+inf'),
+  waits_on, waiting_ahead, paused_ms}

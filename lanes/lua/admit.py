@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from lanes import keys
 from lanes.lua.loader import call
 
@@ -21,6 +23,11 @@ def admit(
     ``now`` and ``deadline`` are epoch seconds; ``chat`` and ``idempotency_key``
     are '' when the task has none (``payload_digest`` then too); ``limits`` are
     the task's limit instance bases (``keys.limit_base``), in its type's order.
+
+    With ``DISPATCH_REPLICA_ACKS`` = N > 0, an 'ok' or 'dup' reply is returned
+    only once N replicas hold the write (``WAIT``), so a failover cannot lose a
+    task reported accepted; else ``lanes.lua.loader.ReplicaAcksMissing`` (a
+    ``RedisError``: dispatch answers ``unavailable``, outcome unknown).
     """
     minute = int(now // 60)
     record = keys.task_record(task_id, chat or None)
@@ -42,4 +49,11 @@ def admit(
             lane, task_type, "1" if replace_idempotency else "0", int(deadline * 1000),
             "\n".join(limits), keys.LIMIT_PREFIX, keys.LANE_PREFIX,
         ],
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=reports_a_task,
     )
+
+
+def reports_a_task(reply: list[Any]) -> bool:
+    """Whether admit.lua's reply tells the caller of a stored task ('ok', 'dup')."""
+    return reply[0] in (b"ok", b"dup")

@@ -13,13 +13,13 @@ per server.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
 from lanes.redis_client import get_redis
 
@@ -46,7 +46,16 @@ def script(name: str, directory: Path | None = None) -> Script:
     return found
 
 
-def call(name: str, keys: Sequence[Any], args: Sequence[Any], directory: Path | None = None) -> Any:
+class ReplicaAcksMissing(RedisError):
+    """Fewer replicas than asked confirmed a script's write in time: a failover may still lose it."""
+
+    def __init__(self, wanted: int, confirmed: int, timeout_ms: int) -> None:
+        super().__init__(f"{confirmed} of {wanted} replicas confirmed the write within {timeout_ms} ms")
+        self.wanted, self.confirmed, self.timeout_ms = wanted, confirmed, timeout_ms
+
+
+def call(name: str, keys: Sequence[Any], args: Sequence[Any], directory: Path | None = None, *,
+         replicas: int = 0, replicas_timeout_ms: int = 0, wait_if: Callable[[Any], bool] | None = None) -> Any:
     """Run script ``name`` in one round trip: ``script(name)(keys=keys, args=args)``, leaner.
 
     For the calls every task makes (start, finish): the command goes straight
@@ -55,7 +64,13 @@ def call(name: str, keys: Sequence[Any], args: Sequence[Any], directory: Path | 
     none of which EVALSHA uses); that halves the client's CPU per call. Errors
     are the same: the connection drops itself on a socket error or timeout and
     the error is raised, never re-sent. A Redis that lost the script (restart,
-    ``SCRIPT FLUSH``) gets it by ``EVAL``, which loads it again.
+    ``SCRIPT FLUSH``, a replica promoted by Sentinel) gets it by ``EVAL``,
+    which loads it again.
+
+    ``replicas`` > 0: then ``WAIT replicas replicas_timeout_ms`` on the same
+    connection (so it covers this script's writes), when ``wait_if(reply)`` says
+    the reply stands for a write the caller will report; fewer confirmations
+    raise ``ReplicaAcksMissing``.
     """
     found = script(name, directory)
     pool = found.registered_client.connection_pool  # type: ignore[union-attr]  # never a cluster client here
@@ -63,9 +78,15 @@ def call(name: str, keys: Sequence[Any], args: Sequence[Any], directory: Path | 
     try:
         conn.send_command("EVALSHA", found.sha, len(keys), *keys, *args)
         try:
-            return conn.read_response()
+            reply = conn.read_response()
         except NoScriptError:
             conn.send_command("EVAL", found.script, len(keys), *keys, *args)
-            return conn.read_response()
+            reply = conn.read_response()
+        if replicas > 0 and (wait_if is None or wait_if(reply)):
+            conn.send_command("WAIT", replicas, replicas_timeout_ms)
+            confirmed = int(conn.read_response())
+            if confirmed < replicas:
+                raise ReplicaAcksMissing(replicas, confirmed, replicas_timeout_ms)
+        return reply
     finally:
         pool.release(conn)

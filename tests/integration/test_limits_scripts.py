@@ -266,3 +266,19 @@ def test_an_unlimited_type_pays_no_redis_command_for_limits(rc, redis_server):
     assert not [c for c in script_cmds if "dispatch:lim:" in c]
     assert [c.split()[0] for c in script_cmds if ":limited" in c] == ["MGET"]  # the depth read, as before
     assert len(script_cmds) == UNLIMITED_PATH_COMMANDS, script_cmds
+
+
+def test_estimated_delay_counts_the_turn_a_rate_limit_gives(rc):
+    """A task a 2/s limit holds, with n waiting before it, should start in about (n + 1) / 2 s."""
+    lane = unique("ln")
+    lim = limit(unique("est"), scope="global", rate=2, burst=1)
+    tt = limited_type(unique("ty"), [lim], lane)
+    rc.zadd(keys.lane_consumers(lane), {"w@test": int(time.time() * 1000) + 60_000})  # a live consumer
+    results = [admit(tt.name, {"n": i}) for i in range(4)]
+    assert all(r.accepted for r in results), results
+    # The first took the one token (an idle lane: no wait); the others wait their turn on the limit.
+    assert results[0].estimated_delay == 0.0
+    waits = [r.estimated_delay for r in results[1:]]
+    assert all(w is not None for w in waits), results
+    for n, seconds in enumerate(waits):
+        assert abs(seconds - (n + 1) / 2) < 0.01, (n, waits)

@@ -33,3 +33,26 @@ def test_no_estimate_with_a_reason_when_nothing_drains():
     assert est(consumers=0)[0] is None and "no live consumer" in est(consumers=0)[1]
     value, why = est(ahead_in_lane=2, completed=0, busy_s=0.0)
     assert value is None and "finished no task" in why
+
+
+def test_a_task_waiting_on_a_rate_limit_waits_for_those_ahead_at_the_rate():
+    from tasks.estimate import limit_wait
+
+    chat_rate = limit_wait("telegram-chat", 5, {"scope": "chat", "rate": 1, "burst": 3})
+    assert est(limit=chat_rate) == (6.0, "")  # five ahead and its own token, at 1/s
+    bot = limit_wait("telegram", 59, {"scope": "global", "rate": 30, "burst": 30})
+    assert est(limit=bot) == (2.0, "")
+    # The lane's wait still counts when it is the longer one (3 s of work ahead on a 10/s lane: 0.1 s handlers).
+    assert est(limit=limit_wait("x", 0, {"rate": 100}), ahead_in_lane=30) == (3.0, "")
+
+
+def test_a_task_waiting_on_a_cap_waits_handler_times_and_a_pause_first():
+    from tasks.estimate import limit_wait
+
+    capped = limit_wait("supplier", 11, {"scope": "key", "max_in_flight": 6}, paused_for_s=1.5)
+    assert est(limit=capped) == (1.5 + 12 / 6 * 0.1, "")
+    both = limit_wait("s", 9, {"scope": "key", "rate": 2, "max_in_flight": 1})
+    assert est(limit=both) == (5.0, "")  # 10 turns: 5 s at 2/s, 1 s of handlers
+    value, why = est(limit=capped, completed=0, busy_s=0.0)
+    assert value is None and "limit 'supplier'" in why
+    assert limit_wait("gone", 3, None) is None

@@ -13,7 +13,8 @@ from tasks.shell_actor import shell_actor
 
 
 class Command(BaseCommand):
-    help = ("Per lane: depth, in flight, rates, latency, failures, dead letters (the dashboard's table); "
+    help = ("Per lane: depth, in flight, rates, latency, failures, dead letters (the dashboard's table), "
+            "then per limit: rate, in flight, waiting, throttled, busiest keys; "
             "or change a lane: --close/--open/--pause/--resume/--drain NAME.")
 
     def add_arguments(self, parser):
@@ -50,6 +51,10 @@ class Command(BaseCommand):
                 lane.pop("series", None)
             return dumps(snap)
         lines = [table(metrics.table_rows(snap))]
+        limit_rows = metrics.limit_table_rows(snap)
+        if limit_rows:
+            lines.append("\nlimits (admitted/s vs rate per key; in flight vs cap; busiest keys as running+waiting):")
+            lines.append(table(limit_rows))
         chats = snap["chats"]
         lines.append(f"\nchats with a backlog: {chats['active']}, longest backlog: {chats['longest']}; "
                      f"dead letters pending: {snap['dead_letters_total']}")
