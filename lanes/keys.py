@@ -221,3 +221,28 @@ def limit_credit(name: str) -> str:
 
 def lane_limited(lane: str) -> str:
     return LANE_PREFIX + lane + LANE_LIMITED_SUFFIX
+
+
+# --- process liveness (lanes.leases, reclaim.lua) -------------------------------
+
+#: Sorted set of worker processes (main processes and pool children, ``host:pid``)
+#: -> liveness expiry (ms since the epoch), written by each process's lease thread.
+PROCS = PREFIX + "procs"
+#: Sorted set of processes whose own beat is late but whose pid still exists on
+#: their host (a stopped or starved process), vouched for by a live process of the
+#: same host: ``host:pid`` -> until (ms). Their claims are left to their leases.
+PROCS_VOUCHED = PREFIX + "procs:vouched"
+#: Prefix of every process's held set (``process_held``).
+HELD_PREFIX = PREFIX + "held:"
+#: Prefix of every process's in-hand set (``process_in_hand``).
+IN_HAND_PREFIX = PREFIX + "inhand:"
+
+
+def process_held(process: str) -> str:
+    """Set of task records a process claimed (running, or finished and not yet settled)."""
+    return HELD_PREFIX + process
+
+
+def process_in_hand(process: str) -> str:
+    """Set of task records whose message a worker's main process popped and has not acked."""
+    return IN_HAND_PREFIX + process

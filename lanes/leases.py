@@ -10,6 +10,15 @@ platform message once delivered: ``lanes.transport``); the worker then queues
 it here, and every ``SETTLE_EVERY_S`` one ``forget.lua`` call removes all that
 were queued. Batched, settling costs a fraction of a Redis round trip per task
 instead of kombu's two (record as unacked, then ack).
+
+The same thread keeps the process's *liveness* (docs/liveness.md): every
+``LIVENESS_BEAT_S`` one pipelined call writes ``host:pid`` into ``keys.PROCS``
+with a ``LIVENESS_TTL_S`` expiry, carries the lease renewals when they are due
+(so a busy process pays no extra round trip for them), removes records it no
+longer holds from its held and in-hand sets, and reads the process list, so
+that it can speak for the other processes of its host: one whose pid is gone is
+declared dead at once, one whose pid exists but whose beat is late (stopped,
+starved) is vouched for, and its claims are left to their leases.
 """
 
 from __future__ import annotations
@@ -28,7 +37,17 @@ from lanes.lua.forget import forget
 from lanes.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
-HOST = socket.gethostname()
+#: This host's name in owner ids and process ids; ``DISPATCH_HOST_ID`` overrides it
+#: (the fault harness simulates several hosts on one machine).
+HOST = os.environ.get("DISPATCH_HOST_ID") or socket.gethostname()
+#: Seconds between two liveness beats of a process.
+LIVENESS_BEAT_S = 1.0
+#: Seconds a process counts as alive after its last beat (a killed process's
+#: claims are reclaimed this long after its death at most, sooner when another
+#: process of its host sees its pid gone).
+LIVENESS_TTL_S = 5.0
+#: A process of this host whose beat is this late is looked at by its peers.
+PEER_LATE_S = 2 * LIVENESS_BEAT_S
 #: Seconds between settling calls (while any finished task waits to be settled).
 SETTLE_EVERY_S = 0.1
 #: Most records one settling call removes; the rest wait for the next call.
@@ -42,10 +61,25 @@ _running: dict[str, int] = {}
 _settling: list[str] = []
 _thread: threading.Thread | None = None
 _thread_pid: int | None = None
+#: Records released (no longer running here) -> when; removed from the held set a beat later.
+_unheld: dict[str, float] = {}
+#: Records whose message this process popped and has not acked (count per record).
+_in_hand: dict[str, int] = {}
+#: Records acked or handed back since the last beat (to remove from the in-hand set).
+_out_of_hand: set[str] = set()
+#: Records popped while Redis did not take the in-hand entry (sent again each beat).
+_in_hand_unsent: set[str] = set()
+#: The process list as read at the last beat: (process id, expiry ms).
+_peers: list[tuple[str, float]] = []
+
+
+def process_id(pid: int | None = None) -> str:
+    """``host:pid`` of this process (or of ``pid`` on this host): the key of its liveness."""
+    return f"{HOST}:{pid if pid is not None else os.getpid()}"
 
 
 def owner_id() -> str:
-    return f"{HOST}:{os.getpid()}:{threading.get_ident()}"
+    return f"{process_id()}:{threading.get_ident()}"
 
 
 def owner_is_dead_here(owner: str) -> bool:
@@ -79,6 +113,47 @@ def release(record: str) -> None:
             _running[record] = left
         else:
             _running.pop(record, None)
+            _unheld[record] = time.monotonic()
+
+
+def keep_alive() -> None:
+    """Start beating now (a worker's main process, before it pops anything)."""
+    _ensure_thread()
+
+
+def take_in_hand(record: str) -> None:
+    """A worker main process popped ``record``'s message: name it in its in-hand set now.
+
+    One round trip per popped message (kombu's stock transport spent one too,
+    recording it as unacked); the ack costs nothing (removed at the next beat).
+    The same call registers the process's liveness if it has none yet.
+    """
+    with _lock:
+        _in_hand[record] = _in_hand.get(record, 0) + 1
+        _out_of_hand.discard(record)
+    _ensure_thread()
+    me = process_id()
+    try:
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.sadd(keys.process_in_hand(me), record)
+        pipe.zadd(keys.PROCS, {me: int((time.time() + LIVENESS_TTL_S) * 1000)}, nx=True)
+        pipe.execute()
+    except Exception:
+        with _lock:
+            _in_hand_unsent.add(record)  # the next beat sends it again
+        logger.warning("in_hand_write_failed record=%s", record, exc_info=True)
+
+
+def out_of_hand(record: str) -> None:
+    """The message of ``record`` was acked or handed back: no Redis call now."""
+    with _lock:
+        left = _in_hand.get(record, 0) - 1
+        if left > 0:
+            _in_hand[record] = left
+        else:
+            _in_hand.pop(record, None)
+            _in_hand_unsent.discard(record)
+            _out_of_hand.add(record)
 
 
 def settle(record: str) -> None:
@@ -123,25 +198,107 @@ def _tend_forever() -> None:
     lease_s = settings.DISPATCH_LEASE_S
     renew_every = max(0.2, lease_s / 3)
     next_renewal = time.monotonic() + renew_every
+    next_beat = 0.0
     while True:
-        time.sleep(SETTLE_EVERY_S)
         if _settling:
             settle_now()
-        if time.monotonic() >= next_renewal:
-            next_renewal = time.monotonic() + renew_every
-            _renew(lease_s)
+        now = time.monotonic()
+        renew = now >= next_renewal
+        if renew or now >= next_beat:
+            if renew:
+                next_renewal = now + renew_every
+            next_beat = now + LIVENESS_BEAT_S
+            beat(lease_s, renew)
+        time.sleep(SETTLE_EVERY_S)
 
 
-def _renew(lease_s: float) -> None:
+def beat(lease_s: float, renew: bool) -> None:
+    """One pipelined call: liveness, lease renewals (when due), set upkeep, peers' fate."""
+    now = time.time()
+    now_ms = int(now * 1000)
+    until_ms = int((now + LIVENESS_TTL_S) * 1000)
+    me = process_id()
     with _lock:
-        records = list(_running)
-    if not records:
-        return
-    until = int((time.time() + lease_s) * 1000)
+        running = list(_running) if renew else []
+        settling = set(_settling)
+        cutoff = time.monotonic() - LIVENESS_BEAT_S  # released a beat ago: settled by now if it will be
+        unheld = [r for r, at in _unheld.items() if at <= cutoff and r not in _running and r not in settling]
+        for record in unheld:
+            del _unheld[record]
+        gone = [r for r in _out_of_hand if r not in _in_hand]
+        _out_of_hand.clear()
+        unsent = list(_in_hand_unsent)
+        _in_hand_unsent.clear()
+        peers = list(_peers)
+    dead, vouched = judge_peers(peers, now_ms, me)
+    pipe = get_redis().pipeline(transaction=False)
+    pipe.zadd(keys.PROCS, {me: until_ms})
+    if running:
+        pipe.zadd(keys.LEASES, {record: int((now + lease_s) * 1000) for record in running}, xx=True)
+    if unheld:
+        pipe.srem(keys.process_held(me), *unheld)
+    if gone:
+        pipe.srem(keys.process_in_hand(me), *gone)
+    if unsent:
+        pipe.sadd(keys.process_in_hand(me), *unsent)
+    if dead:
+        pipe.zadd(keys.PROCS, dict.fromkeys(dead, 0), xx=True)
+    if vouched:
+        pipe.zadd(keys.PROCS_VOUCHED, dict.fromkeys(vouched, until_ms))
+    pipe.zrange(keys.PROCS, 0, -1, withscores=True)
     try:
-        get_redis().zadd(keys.LEASES, {record: until for record in records}, xx=True)
+        replies = pipe.execute()
     except Exception:
-        logger.warning("lease_renew_failed records=%d", len(records), exc_info=True)
+        with _lock:
+            _out_of_hand.update(gone)
+            _in_hand_unsent.update(r for r in unsent if r in _in_hand)
+            for record in unheld:
+                _unheld.setdefault(record, 0.0)
+        logger.warning("liveness_beat_failed renewals=%d", len(running), exc_info=True)
+        return
+    with _lock:
+        _peers[:] = [(m.decode() if isinstance(m, bytes) else str(m), float(score)) for m, score in replies[-1]]
+    if dead:
+        logger.warning("peer_processes_dead processes=%s", ",".join(dead))
+
+
+def judge_peers(peers: list[tuple[str, float]], now_ms: int, me: str) -> tuple[list[str], list[str]]:
+    """Processes of this host whose beat is late: (pid gone: dead now, pid there: vouched for).
+
+    A process that exists, stopped (SIGSTOP) or starved, is not dead: it may
+    wake and finish its effect, so its claims are left to their leases. A
+    zombie (killed, not yet reaped) is dead.
+    """
+    dead: list[str] = []
+    vouched: list[str] = []
+    late_ms = now_ms + (LIVENESS_TTL_S - PEER_LATE_S) * 1000
+    for proc, expiry in peers:
+        if proc == me or expiry <= 0 or expiry > late_ms:
+            continue
+        host, _, pid = proc.rpartition(":")
+        if host != HOST or not pid.isdigit():
+            continue
+        (vouched if pid_exists(int(pid)) else dead).append(proc)
+    return dead, vouched
+
+
+def pid_exists(pid: int) -> bool:
+    """True when ``pid`` is a process of this machine that is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            state = fh.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except (OSError, IndexError):
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _after_fork_in_child() -> None:
@@ -149,6 +306,11 @@ def _after_fork_in_child() -> None:
     global _thread, _thread_pid
     _running.clear()
     _settling.clear()
+    _unheld.clear()
+    _in_hand.clear()
+    _out_of_hand.clear()
+    _in_hand_unsent.clear()
+    _peers.clear()
     _thread = None
     _thread_pid = None
 

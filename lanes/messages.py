@@ -17,7 +17,7 @@ from typing import Any
 
 from lanes import keys
 from lanes.priorities import to_kombu
-from lanes.transport import LEASED_HEADER
+from lanes.transport import LEASED_HEADER, RECORD_HEADER
 
 _TAG_PLACEHOLDER = "@@delivery-tag@@"
 _ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
@@ -86,6 +86,7 @@ def build_message(task_id: str, handler: str, payload_json: str, envelope: Envel
         "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),
         "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
         "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,
+        RECORD_HEADER: keys.task_record(task_id, envelope.chat or None),
     }
     message = {
         "body": body,

@@ -1,7 +1,8 @@
 """kombu's Redis transport, hardened: a message that is not even JSON cannot stop a worker,
 an ack lost to an unreachable Redis cannot either, and a message popped as a
 worker shuts down goes back to its queue; and lean: a platform task's message
-costs no Redis call between its pop and its ack.
+costs one Redis call between its pop and its ack (naming it in the worker's
+in-hand set, where a dead worker's popped messages are found: docs/liveness.md).
 
 Stock kombu keeps a copy of every delivered message in Redis (its unacked hash,
 one pipelined call on receipt, another on ack) so that it can hand it back
@@ -10,9 +11,12 @@ it: its record already carries the message under a lease (``lanes/lua``):
 queued until the claim, renewed while it runs, and, once finished, until its
 result row is stored; the recovery sweep republishes it when a lease runs out,
 and the claim lets exactly one copy run. So a message marked as leased
-(``LEASED_HEADER``) is held in worker memory only: the ack is
-free, and a message handed back (rejected, or held at shutdown) is pushed back
-from memory. Any other message (Celery's own tasks) keeps kombu's handling.
+(``LEASED_HEADER``) is held in worker memory, its record named in the
+process's in-hand set as it is popped (``lanes.leases.take_in_hand``: one SADD
+instead of kombu's HSET and ZADD): the ack is free (the entry is removed at the
+next liveness beat), and a message handed back (rejected, or held at shutdown)
+is pushed back from memory. Any other message (Celery's own tasks) keeps
+kombu's handling.
 
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
@@ -32,6 +36,7 @@ refused or re-stored by the claim (``start.lua``), never run twice.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 
@@ -39,6 +44,7 @@ import redis
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 
+from lanes import keys, leases
 from lanes.signals import message_unreadable
 
 logger = logging.getLogger(__name__)
@@ -46,6 +52,22 @@ logger = logging.getLogger(__name__)
 #: Header of a message whose task Redis already tracks with a lease (its record,
 #: written by the platform's scripts); set by ``lanes.messages``.
 LEASED_HEADER = "dispatch_leased"
+#: Header naming the task record of a leased message (``lanes.keys.task_record``).
+RECORD_HEADER = "dispatch_record"
+
+
+def record_of(message) -> str | None:
+    """The task record a leased message stands for (older messages: from its body)."""
+    record = message.headers.get(RECORD_HEADER)
+    if isinstance(record, str) and record:
+        return record
+    try:
+        task_id = message.headers["id"]
+        _args, kwargs, _embed = json.loads(message.body)
+        chat = (kwargs.get("dispatch") or {}).get("chat") or None
+        return keys.task_record(task_id, chat) if isinstance(task_id, str) else None
+    except Exception:  # noqa: BLE001 - not a platform message after all: nothing to name
+        return None
 
 
 class QoS(kombu_redis.QoS):
@@ -56,11 +78,21 @@ class QoS(kombu_redis.QoS):
     def append(self, message, delivery_tag):
         if message.headers.get(LEASED_HEADER) is True:
             virtual.QoS.append(self, message, delivery_tag)
+            record = record_of(message)
+            if record:
+                leases.take_in_hand(record)
             return
         super().append(message, delivery_tag)
 
+    def _out_of_hand(self, delivery_tag) -> None:
+        message = self._delivered.get(delivery_tag)  # type: ignore[attr-defined]  # kombu sets it per instance
+        record = record_of(message) if message is not None else None
+        if record:
+            leases.out_of_hand(record)
+
     def ack(self, delivery_tag):
         if self._leased(delivery_tag):
+            self._out_of_hand(delivery_tag)
             virtual.QoS.ack(self, delivery_tag)
             return
         try:
@@ -71,6 +103,7 @@ class QoS(kombu_redis.QoS):
 
     def reject(self, delivery_tag, requeue=False):
         if self._leased(delivery_tag):
+            self._out_of_hand(delivery_tag)
             try:
                 if requeue:
                     self.restore_by_tag(delivery_tag, leftmost=True)

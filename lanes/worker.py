@@ -29,7 +29,7 @@ import time
 from celery import bootsteps
 from django.conf import settings
 
-from lanes import consumers, keys
+from lanes import consumers, keys, leases
 from lanes.models import Lane
 from lanes.redis_client import get_redis
 
@@ -75,6 +75,7 @@ class HeartbeatStep(bootsteps.StartStopStep):
 
     def start(self, worker) -> None:
         self._tick()  # the first beat before the worker says it is ready
+        leases.keep_alive()  # this process's liveness: what it pops is reclaimed soon after its death
         threading.Thread(target=self._loop, name="dispatch-heartbeat", daemon=True).start()
 
     def stop(self, worker) -> None:

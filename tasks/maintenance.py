@@ -30,6 +30,7 @@ from lanes.lua.forget import forget_expired_pending
 from lanes.lua.limits_audit import audit_limits
 from lanes.lua.limits_due import drain_due
 from lanes.lua.promote import promote
+from lanes.lua.reclaim import reclaim
 from lanes.lua.sweep import sweep as lua_sweep
 from lanes.redis_client import get_redis
 from tasks import config, dead_letters
@@ -41,8 +42,13 @@ logger = logging.getLogger(__name__)
 BATCH = 500
 #: kombu's Redis hash of reserved messages (now ``lanes.keys.BROKER_UNACKED``; this name kept).
 BROKER_UNACKED_KEY = keys.BROKER_UNACKED
-#: How many entries of a lane list the sweep searches (from the consuming end) for a queued copy.
+#: How many entries of a lane list expire.lua searches (from the consuming end) for an expired task's copy.
 SWEEP_SEARCH_DEPTH = 1000
+#: Most expired leases one sweep call looks at, and most calls per maintenance pass.
+SWEEP_BATCH = 20
+SWEEP_CALLS = 25
+#: Most dead processes one reclaim call hands on (the rest at the next pass, 0.2 s later).
+RECLAIM_PROCESSES = 20
 
 
 def promote_due(lanes: list[str] | None = None) -> int:
@@ -72,14 +78,39 @@ def audit_limit_slots(batch: int = 200) -> list[int]:
 
 
 def sweep() -> tuple[int, int]:
-    """Republish tasks whose lease expired; returns (republished, forgotten)."""
-    republished, forgotten, _waiting = lua_sweep(
-        now_ms=int(time.time() * 1000), batch=BATCH, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-        search_depth=SWEEP_SEARCH_DEPTH,
-    )
+    """Republish tasks whose lease expired; returns (republished, forgotten).
+
+    Small calls (``SWEEP_BATCH`` leases each, well under a millisecond of Redis
+    time), repeated while they find a full batch, up to ``SWEEP_CALLS`` a pass:
+    a backlog whose queued leases all ran out at once is parked in short slices
+    that never hold Redis up for others (docs/liveness.md).
+    """
+    republished = forgotten = 0
+    for _ in range(SWEEP_CALLS):
+        swept = lua_sweep(now_ms=int(time.time() * 1000), batch=SWEEP_BATCH,
+                          queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
+        republished += swept.republished
+        forgotten += swept.forgotten
+        if swept.republished + swept.forgotten + swept.parked < SWEEP_BATCH:
+            break
     if republished:
         logger.warning("sweep_republished count=%d", republished)
     return republished, forgotten
+
+
+def reclaim_dead() -> int:
+    """Hand on what dead worker processes held (docs/liveness.md); returns how many were republished.
+
+    Cheap enough for every pass: one ZRANGEBYSCORE when no process died.
+    """
+    done = reclaim(now_ms=int(time.time() * 1000), max_processes=RECLAIM_PROCESSES,
+                   queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
+    if done.processes or done.republished:
+        logger.warning("reclaimed_dead_processes processes=%d examined=%d republished=%d", done.processes,
+                       done.examined, done.republished)
+        if done.republished:
+            logger.warning("sweep_republished count=%d", done.republished)
+    return done.republished
 
 
 def audit_chats(batch: int = 200) -> list[int]:
@@ -150,13 +181,14 @@ def _write_expired_rows(record: str, msg: bytes, error: DeadLettered) -> None:
 
 def run_once(sweep_now: bool) -> dict[str, Any]:
     """One pass of the loop: promote, expire, and (every few seconds) sweep and audit; counted."""
-    done: dict[str, Any] = {"promoted": promote_due(), "limits_drained": drain_limits(), "expired": expire_due()}
+    done: dict[str, Any] = {"promoted": promote_due(), "limits_drained": drain_limits(), "expired": expire_due(),
+                            "reclaimed": reclaim_dead()}
     if sweep_now:
         done["swept"], _forgotten = sweep()
         done["audited"] = audit_chats()
         done["limits_audited"] = audit_limit_slots()
     metrics.record_maintenance(get_redis(), time.time(), promoted=done["promoted"], expired=done["expired"],
-                               swept=done.get("swept", 0))
+                               swept=done.get("swept", 0) + done["reclaimed"])
     return done
 
 

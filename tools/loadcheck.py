@@ -44,6 +44,7 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 
 
 @dataclass(frozen=True)
@@ -501,3 +502,39 @@ def sustained(results: Sequence[tuple[float, bool]]) -> float | None:
     """The highest step rate that passed; None when none did."""
     passing = [rate for rate, passed in results if passed]
     return max(passing) if passing else None
+
+
+def chat_stalls(ops: list[Op], dispatched_at: dict[str, float], deliveries: list[Delivery], *, bound: float,
+                until: float, dead: dict[str, str] | None = None) -> tuple[int, float, list[dict]]:
+    """Per chat, the longest time it had an accepted message waiting and saw nothing move.
+
+    A chat is *owed* progress from a message's dispatch (``dispatched_at`` by
+    key) until that message's first successful delivery ended (``until`` if it
+    never did; a dead-lettered message is left out). Progress is any delivery
+    of the chat starting or ending. Returns (chats whose longest wait exceeded
+    ``bound``, the longest wait of any chat in seconds, examples): a per-chat
+    timeline measure, not the speed of the run.
+    """
+    by_chat: dict[str, list[Delivery]] = defaultdict(list)
+    for d in deliveries:
+        by_chat[d.chat].append(d)
+    first_ok: dict[str, float] = {}
+    for d in deliveries:
+        if 200 <= d.status < 300:
+            first_ok[d.key] = min(first_ok.get(d.key, d.ended), d.ended)
+    points = {chat: sorted([d.started for d in ds] + [d.ended for d in ds]) for chat, ds in by_chat.items()}
+    worst_by_chat: dict[str, tuple[float, float]] = {}
+    for op in ops:
+        start = dispatched_at.get(op.key)
+        if op.accepted is not True or start is None or op.task_id in (dead or {}):
+            continue
+        end = first_ok.get(op.key, until)
+        marks = [start, *(p for p in points.get(op.chat, ()) if start < p < end), end]
+        gap, at = max(((b - a), a) for a, b in pairwise(marks))
+        if gap > worst_by_chat.get(op.chat, (0.0, 0.0))[0]:
+            worst_by_chat[op.chat] = (gap, at)
+    stalled = {chat: v for chat, v in worst_by_chat.items() if v[0] > bound}
+    examples = [{"chat": chat, "waited_s": round(gap, 2), "from": round(at, 3)}
+                for chat, (gap, at) in sorted(stalled.items(), key=lambda kv: -kv[1][0])[:5]]
+    worst = max((v[0] for v in worst_by_chat.values()), default=0.0)
+    return len(stalled), round(worst, 2), examples

@@ -4,10 +4,13 @@
 -- KEYS[4] metrics minute   KEYS[5] config version   KEYS[6] chat queue or record
 -- KEYS[7] the task's tombstone (written by finish.lua)
 -- KEYS[8] deadlines of waiting tasks (a claimed task leaves it: its worker keeps the deadline)
+-- KEYS[9] live processes (zset: host:pid -> liveness expiry ms)
+-- KEYS[10] the claiming process's held set (reclaim.lua reads it once the process is dead)
 -- ARGV: 1 task id, 2 attempt carried by the message, 3 owner (host:pid:thread),
 --   4 now ms, 5 lease ms, 6 max deliveries, 7 owner known dead ('' if none),
 --   8 metric field suffix ('lane|type'), 9 queue-latency bucket label or '',
---   10 queue latency in seconds
+--   10 queue latency in seconds, 11 the claiming process (host:pid),
+--   12 liveness ms (a process claiming before its first beat registers with it)
 -- Returns {'run', deliveries, config_version} | {'finished', 'done|<result>' or
 --   'dead|null'} | {'gone'} (never accepted, or finished long ago) | {'stale'}
 --   | {'busy', owner} | {'nothead'} | {'poison', deliveries}
@@ -38,6 +41,12 @@ if dlv > tonumber(ARGV[6]) then return {'poison', dlv} end
 redis.call('HSET', KEYS[1], 'st', 'running', 'own', ARGV[3])
 if KEYS[8] then redis.call('ZREM', KEYS[8], KEYS[1]) end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), KEYS[1])
+if KEYS[10] then
+  -- The claim names its owner's process: if that process dies, the sweep of
+  -- dead processes (reclaim.lua) finds this record without waiting for its lease.
+  redis.call('SADD', KEYS[10], KEYS[1])
+  redis.call('ZADD', KEYS[9], 'NX', now + tonumber(ARGV[12]), ARGV[11])
+end
 count_to(KEYS[3], KEYS[4], 'started|' .. ARGV[8])
 observe(KEYS[3], KEYS[4], 'qlat', ARGV[8], ARGV[9], ARGV[10])
 return {'run', dlv, redis.call('GET', KEYS[5]) or '0'}

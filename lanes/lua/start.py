@@ -13,12 +13,14 @@ NAME = "start"
 def start(
     *, task_id: str, record: str, chat: str, attempt: int, owner: str, now: float, lease_ms: int,
     max_deliveries: int, dead_owner: str, metric_field: str, queue_latency_bucket: str, queue_latency_s: float,
+    process: str, liveness_ms: int,
 ) -> list[Any]:
     """Run start.lua (KEYS/ARGV in its header); returns its reply as Redis sent it."""
     return call(
         NAME,
         [record, keys.LEASES, keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)), keys.CONFIG_VERSION,
-         keys.chat_queue(chat) if chat else record, keys.tombstone(task_id), keys.DEADLINES],
+         keys.chat_queue(chat) if chat else record, keys.tombstone(task_id), keys.DEADLINES,
+         keys.PROCS, keys.process_held(process)],
         [task_id, attempt, owner, int(now * 1000), lease_ms, max_deliveries, dead_owner, metric_field,
-         queue_latency_bucket, f"{queue_latency_s:.6f}"],
+         queue_latency_bucket, f"{queue_latency_s:.6f}", process, liveness_ms],
     )

@@ -81,6 +81,10 @@ class LoadRun:
             return []
         return [json.loads(line) for line in self.history_path.read_text().splitlines() if line.strip()]
 
+    def dispatched_at(self) -> dict[str, float]:
+        """When each message's dispatch was sent, by key (for the checker's per-chat timeline)."""
+        return {e["key"]: float(e["t"]) for e in self.entries() if "key" in e and "t" in e}
+
     def ops(self) -> list[Op]:
         return [Op(e["chat"], e["seq"], e["key"], e["accepted"], e["task_id"], e["reason"], e["kind"])
                 for e in self.entries()]
@@ -141,14 +145,16 @@ class FaultCluster:
         fields.setdefault("policy", {"max_retries": 8, "initial_backoff": 0.2, "multiplier": 2.0, "max_backoff": 2.0,
                                      "jitter": 0.2})
         self.define(name, handler="http.post", lane=lane, chat_scoped=True, chat_queue_size=chat_queue_size,
-                    options={"url": self.sink.url}, timeout=600, attempt_timeout=10, **fields)
+                    options={"url": self.sink.url}, timeout=600, **{"attempt_timeout": 10, **fields})
         return name
 
     # -- processes ---------------------------------------------------------------
     def worker(self, queues: str, *, pool: str = "prefork", concurrency: int = 2, env: dict | None = None,
-               extra: list[str] | None = None) -> Worker:
+               extra: list[str] | None = None, host: str | None = None) -> Worker:
+        """Start a worker; ``host`` puts it on a simulated host (its node name and owner ids say
+        ``host``, and its processes vouch only for processes of that host)."""
         worker = Worker(queues, self.dir / "logs", pool=pool, concurrency=concurrency,
-                        env={**self.env, **(env or {})}, extra=extra)
+                        env={**self.env, **(env or {})}, extra=extra, host=host)
         self.workers.append(worker)
         return worker.start()
 
@@ -176,6 +182,18 @@ class FaultCluster:
             os.killpg(worker.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def kill_host(self, host: str) -> list[Worker]:
+        """SIGKILL every process of every worker on simulated ``host`` at once (a host lost)."""
+        victims = [w for w in self.workers if w.host == host and w.alive()]
+        for worker in victims:
+            try:
+                os.killpg(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for worker in victims:
+            worker.proc.wait(timeout=10)
+        return victims
 
     def redis_kill(self) -> None:
         self.redis.stop(kill=True)

@@ -16,7 +16,8 @@ CELERY = str(Path(sys.executable).parent / "celery")
 
 class Worker:
     def __init__(self, queues: str, log_dir: Path, pool: str = "prefork", concurrency: int = 2,
-                 env: dict[str, str] | None = None, name: str | None = None, extra: list[str] | None = None) -> None:
+                 env: dict[str, str] | None = None, name: str | None = None, extra: list[str] | None = None,
+                 host: str | None = None) -> None:
         self.queues = queues
         self.name = name or f"w{uuid.uuid4().hex[:6]}"
         self.log_path = log_dir / f"worker-{self.name}.log"
@@ -24,6 +25,10 @@ class Worker:
         self.concurrency = concurrency
         self.env = {**os.environ, **(env or {})}
         self.extra = extra or []
+        #: A simulated host (``-n name@host``, ``DISPATCH_HOST_ID``): None for this machine's name.
+        self.host = host
+        if host:
+            self.env["DISPATCH_HOST_ID"] = host
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 60) -> Worker:
@@ -31,8 +36,9 @@ class Worker:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [CELERY, "-A", "dispatchsite", "worker", "-Q", self.queues, "-n", f"{self.name}@%h", "-P", self.pool,
-             "-c", str(self.concurrency), "-l", "INFO", "--without-gossip", "--without-mingle", *self.extra],
+            [CELERY, "-A", "dispatchsite", "worker", "-Q", self.queues, "-n", f"{self.name}@{self.host or '%h'}",
+             "-P", self.pool, "-c", str(self.concurrency), "-l", "INFO", "--without-gossip", "--without-mingle",
+             *self.extra],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         log.close()

@@ -1,0 +1,71 @@
+-- reclaim.lua: hand on at once what dead worker processes held (docs/liveness.md).
+--
+-- KEYS[1] live processes (zset: host:pid -> liveness expiry ms)
+-- KEYS[2] vouched processes (zset: host:pid -> until ms; pid seen alive on its host)
+-- KEYS[3] leases   KEYS[4] deadlines of waiting tasks
+-- ARGV: 1 now ms, 2 most processes per call, 3 held-set key prefix,
+--   4 in-hand-set key prefix, 5 queued lease ms
+-- Returns {processes_reclaimed, records_examined, republished, redis_commands}.
+--
+-- Cost: one ZRANGEBYSCORE on the process list, then per dead process O(what it
+-- held): its in-hand set (messages its main process popped and had not acked)
+-- and its held set (its claims, running or finished and not yet settled). The
+-- backlog is never read: a task waiting in a lane list is in no such set.
+--
+-- A popped-but-unclaimed message (state still 'queued') is republished as soon
+-- as its process's own beat is gone, stopped or not: a claim lets one copy run,
+-- so a stopped process that wakes with it changes nothing. A claim is taken
+-- over only when nobody vouches for the process: a stopped process may wake
+-- and finish its effect, and only its lease bounds that (sweep.lua then).
+
+local now = tonumber(ARGV[1])
+local lease_until = now + tonumber(ARGV[5])
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local reclaimed, examined, republished, commands = 0, 0, 0, 1
+
+for _, proc in ipairs(dead) do
+  local in_hand_key = ARGV[4] .. proc
+  for _, record in ipairs(redis.call('SMEMBERS', in_hand_key)) do
+    examined = examined + 1
+    commands = commands + 1
+    if redis.call('HGET', record, 'st') == 'queued' and publish_record(record, KEYS[3], lease_until) then
+      republished = republished + 1
+      commands = commands + 6
+    end
+  end
+  redis.call('DEL', in_hand_key)
+  commands = commands + 3
+  local vouched = tonumber(redis.call('ZSCORE', KEYS[2], proc) or '0')
+  if vouched > now then
+    -- Alive but silent (stopped, starved): its claims wait for their leases; look again then.
+    redis.call('ZADD', KEYS[1], vouched, proc)
+    commands = commands + 1
+  else
+    local held_key = ARGV[3] .. proc
+    local mine = proc .. ':'
+    for _, record in ipairs(redis.call('SMEMBERS', held_key)) do
+      examined = examined + 1
+      commands = commands + 1
+      local f = redis.call('HMGET', record, 'st', 'own', 'lane', 'dl')
+      local st = f[1]
+      local finished = st == 'done' or st == 'dead'
+      if (st == 'running' and string.sub(f[2] or '', 1, #mine) == mine) or finished then
+        -- A finished record keeps its state: its copy only stores the result row (start.lua).
+        if publish_record(record, KEYS[3], lease_until, finished and st or nil) then
+          republished = republished + 1
+          commands = commands + 6
+          if not finished and f[4] then
+            redis.call('ZADD', KEYS[4], tonumber(f[4]), record)
+            commands = commands + 1
+          end
+        end
+      end
+    end
+    redis.call('DEL', held_key)
+    redis.call('ZREM', KEYS[1], proc)
+    redis.call('ZREM', KEYS[2], proc)
+    commands = commands + 4
+    reclaimed = reclaimed + 1
+  end
+end
+return {reclaimed, examined, republished, commands}
