@@ -201,13 +201,16 @@ def test_11b_failover_with_replica_acks_loses_nothing(sentinel_cluster, record):
     from lanes.redis_client import reset_redis
     from tasks import config
 
-    with override_settings(REDIS_URL=cluster.redis.url, DISPATCH_SENTINEL_MASTER=cluster.redis.master_name):
-        reset_redis()
-        config.reload()
-        try:
-            latency = _dispatch_latency(cluster, name, pick(400, 2000))
-        finally:
+    try:
+        with override_settings(REDIS_URL=cluster.redis.url, DISPATCH_SENTINEL_MASTER=cluster.redis.master_name):
             reset_redis()
             config.reload()
+            latency = _dispatch_latency(cluster, name, pick(400, 2000))
+    finally:
+        # Back on the session's Redis once the settings are back: a client (or a config
+        # loaded through one) made while they still pointed at the Sentinels would outlive
+        # this test and fail every later one when the topology stops.
+        reset_redis()
+        config.reload()
     rep.extra["dispatch_latency"] = latency
     record("11c-replica-acks-latency", rep, started)
