@@ -38,9 +38,13 @@ def test_quick_benchmark_prints_every_row():
             # publish, pop, unacked record, ack. The platform's two scripts replace kombu's
             # bookkeeping instead of adding to it (before, it was Celery's + 2). Its
             # background calls (maintenance, batched settling) weigh more per task in a
-            # run this short: 0.6 more than Celery's once in CI, hence the margin.
+            # run this short: 0.6 more than Celery's once in CI, hence the margin. Since
+            # issue 17 the worker's main process also names each popped message in its
+            # in-hand set (one pipelined call per pop, lanes.transport) so a killed worker's
+            # messages come back within seconds: +1, measured 6.63 against Celery's 4.97.
+            # Folding that write into the per-second beat is left to issue 16's budget.
             celery_trips = rows[(workload, "celery")]["redis_round_trips_per_task"]
-            assert row["redis_round_trips_per_task"] < celery_trips + 1.5, (row, celery_trips)
+            assert row["redis_round_trips_per_task"] < celery_trips + 2.5, (row, celery_trips)
     assert rows[("noop", "celery")]["ratio"] == 1
     # The table form prints the same rows.
     text = subprocess.run(
