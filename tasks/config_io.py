@@ -73,8 +73,11 @@ def _fetch_and_set(where: str, model: type[Any], entry: dict, fields: tuple[str,
     obj = model.objects.filter(name=entry["name"]).first() or model(name=entry["name"])
     for field in fields:
         if field in entry:
+            model_field = model._meta.get_field(field)
+            if entry[field] is None and not model_field.null:
+                raise ConfigError(f"{where}: {field}: null is not allowed (leave the field out for its default)")
             try:
-                value = model._meta.get_field(field).to_python(entry[field])
+                value = model_field.to_python(entry[field])
             except ValidationError as exc:
                 raise ConfigError(f"{where}: {field}: {' '.join(exc.messages)}") from None
             except (TypeError, ValueError, OverflowError) as exc:
