@@ -64,8 +64,8 @@ def test_requeue_after_an_unknown_redis_outcome_makes_one_task(rc, monkeypatch):
     real_call = admit_wrapper.call
     state = {"timed_out": False}
 
-    def call(name, keys_, args):
-        reply = real_call(name, keys_, args)
+    def call(name, keys_, args, **options):
+        reply = real_call(name, keys_, args, **options)
         if name == "admit" and not state["timed_out"]:
             state["timed_out"] = True  # the script ran, but its answer never arrived
             raise redis.TimeoutError("simulated: Timeout reading from socket")
