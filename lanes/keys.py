@@ -19,8 +19,6 @@ LANE_CONTROL_LOG = PREFIX + "lane-log"
 CHAT_AUDIT_CURSOR = PREFIX + "chat-audit-cursor"
 #: Prefix of every per-chat key (chat queues and chat-scoped task records).
 CHAT_PREFIX = PREFIX + "chat:"
-#: kombu's Redis hash of reserved (delivered, unacknowledged) messages, by delivery tag.
-BROKER_UNACKED = "unacked"
 
 
 def chat_tag(chat_id: str) -> str:

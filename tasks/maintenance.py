@@ -23,7 +23,7 @@ from typing import Any
 from celery import bootsteps, current_app, shared_task, states
 from django.conf import settings
 
-from lanes import keys, metrics
+from lanes import metrics
 from lanes.lua.audit import audit as lua_audit
 from lanes.lua.expire import expire as lua_expire
 from lanes.lua.forget import forget_expired_pending
@@ -40,8 +40,6 @@ from tasks.execution import _tombstone_ttl_s
 
 logger = logging.getLogger(__name__)
 BATCH = 500
-#: kombu's Redis hash of reserved messages (now ``lanes.keys.BROKER_UNACKED``; this name kept).
-BROKER_UNACKED_KEY = keys.BROKER_UNACKED
 #: How many entries of a lane list expire.lua searches (from the consuming end) for an expired task's copy.
 SWEEP_SEARCH_DEPTH = 1000
 #: Most expired leases one sweep call looks at, and most calls per maintenance pass.

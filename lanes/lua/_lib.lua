@@ -27,25 +27,6 @@ local function publish_record(record, leases_key, lease_until, state)
   return true
 end
 
--- Is the record's latest published copy still in the broker: waiting in its
--- lane list (searched from the consuming end, at most ``window`` entries), or
--- reserved by a worker in kombu's unacked hash (messages published before
--- platform messages were marked as leased)? Returns nil when it cannot tell (a
--- longer list). A copy a worker holds, or one restored to the list (it was
--- re-serialised), is not recognised: it is republished, a harmless extra copy
--- (execution claims drop it).
-local function still_in_broker(record, unacked_key, window)
-  local f = redis.call('HMGET', record, 'msg', 'q', 'pub')
-  if not f[1] then return false end
-  local tag = string.match(record, '([^:]+)$') .. '.' .. (f[3] or '0')
-  if redis.call('HEXISTS', unacked_key, tag) == 1 then return true end
-  local mark = string.find(f[1], '\0', 1, true)
-  local copy = string.sub(f[1], 1, mark - 1) .. tag .. string.sub(f[1], mark + 1)
-  if redis.call('LPOS', f[2], copy, 'RANK', -1, 'MAXLEN', window) then return true end
-  if redis.call('LLEN', f[2]) > window then return nil end
-  return false
-end
-
 local function count_to(total_key, minute_key, field)
   redis.call('HINCRBY', total_key, field, 1)
   -- The minute hash expires 20 minutes after its first count: set it once.
