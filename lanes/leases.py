@@ -243,6 +243,7 @@ def beat(lease_s: float, renew: bool) -> None:
         pipe.sadd(keys.process_in_hand(me), *unsent)
     if dead:
         pipe.zadd(keys.PROCS, dict.fromkeys(dead, 0), xx=True)
+        pipe.zrem(keys.PROCS_VOUCHED, *dead)  # vouched for while it lived (late, starved): dead now
     if vouched:
         pipe.zadd(keys.PROCS_VOUCHED, dict.fromkeys(vouched, until_ms))
     pipe.zrange(keys.PROCS, 0, -1, withscores=True)

@@ -16,6 +16,7 @@ connection: after a failover, a call on a connection to the old master fails
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -159,3 +160,25 @@ def redis_topology() -> dict[str, Any]:
     replication = client.info("replication")
     return {"master": f"{host}:{port}", "sentinel": sentinel is not None, "failovers": failovers,
             "role": replication.get("role", ""), "replicas": int(replication.get("connected_slaves", 0))}
+
+
+def _after_fork_in_child() -> None:
+    # redis-py resets an inherited pool on its first use, under the pool's own
+    # lock: if a thread of the parent (lease renewals, liveness beats,
+    # maintenance) held that lock at the fork, the child waited on it for ever,
+    # its first task stuck in its claim until the soft time limit (found by the
+    # liveness fault scenario L2). The child starts with a client of its own.
+    # The inherited one is kept, never collected: closing it would take that
+    # same lock.
+    global _client, _sentinel
+    if _client is not None:
+        _inherited.append(_client)
+    _client = None
+    _sentinel = None
+
+
+#: Clients inherited through a fork, kept so that they are never closed in the child.
+_inherited: list[redis.Redis] = []
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -193,3 +193,45 @@ def os_stop(pid: int) -> None:
     import os
 
     os.kill(pid, signal.SIGSTOP)
+
+
+def test_a_child_forked_while_a_thread_uses_the_pool_gets_a_client_of_its_own(rc):
+    """Defect (L2): a pool child forked while the parent's lease thread held the Redis pool's
+    lock hung in its first claim (redis-py resets an inherited pool under that lock)."""
+    import os
+    import threading
+
+    from lanes.redis_client import get_redis
+
+    pool = get_redis().connection_pool
+    get_redis().ping()
+    held, release = threading.Event(), threading.Event()
+
+    def hold_pool_lock() -> None:
+        with pool._lock:
+            held.set()
+            release.wait(10)
+
+    threading.Thread(target=hold_pool_lock, daemon=True).start()
+    assert held.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the child: a fresh client answers at once
+        code = 1
+        try:
+            get_redis().ping()
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                assert os.waitstatus_to_exitcode(status) == 0
+                return
+            time.sleep(0.05)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise AssertionError("the forked child hung on the Redis pool's inherited lock")
+    finally:
+        release.set()
