@@ -503,6 +503,20 @@ def table_rows(report: BenchReport) -> list[dict[str, Any]]:
     return out
 
 
+#: Systems whose Redis commands per task are broken down by command name under the table.
+BREAKDOWN_SYSTEMS = ("platform", "chat")
+
+
+def command_breakdown(report: BenchReport) -> list[str]:
+    """One line per platform row: its Redis commands per task by name (commands inside scripts included)."""
+    lines = []
+    for r in report.rows:
+        if r.system in BREAKDOWN_SYSTEMS and r.commands_by_name:
+            names = ", ".join(f"{name} {per:g}" for name, per in r.commands_by_name.items())
+            lines.append(f"redis commands/task, {r.workload} {r.system} ({r.redis_commands_per_task:g}): {names}")
+    return lines
+
+
 # -- the producer (runs in its own process, in the benchmark's environment) ----
 def setup_config() -> None:
     """Create the benchmark's lanes and types in the scratch database (``--role setup``)."""

@@ -76,6 +76,8 @@ class Command(BaseCommand):
             self.stdout.write(dumps(report.as_dict()))
             return
         self.stdout.write(table(benchmark.table_rows(report), benchmark.TABLE_COLUMNS))
+        for line in benchmark.command_breakdown(report):
+            self.stdout.write(line)
         m = report.machine
         self.stdout.write(
             f"{m.get('cpus')} CPUs ({m.get('cpu')}), Python {m.get('python')}, Redis {m.get('redis_server')}, "
