@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from lanes import consumers as lane_consumers
-from lanes import histogram, keys
+from lanes import counters, histogram, keys
 from lanes.metrics import MAINTENANCE_COUNTS
 from lanes.priorities import from_kombu
 from ops import limit_stats
@@ -201,12 +201,14 @@ def format_seconds(value: float | None) -> str:
 # --- Redis reads -------------------------------------------------------------
 
 def read_totals(client: Redis) -> Counters:
-    """The all-time counters (what Prometheus scrapes)."""
+    """The all-time counters (what Prometheus scrapes); this process's pending counts are written first."""
+    counters.flush(client)
     return parse_counters(client.hgetall(keys.METRICS_TOTAL))
 
 
 def read_minutes(client: Redis, now: float, count: int = WINDOW_MINUTES + 1) -> list[Counters]:
-    """Minute hashes, newest first: index 0 is the current minute."""
+    """Minute hashes, newest first: index 0 is the current minute (this process's pending counts included)."""
+    counters.flush(client)
     minute = int(now // 60)
     pipe = client.pipeline(transaction=False)
     for i in range(count):

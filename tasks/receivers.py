@@ -23,7 +23,7 @@ from typing import Any
 import redis
 from celery import signals as celery_signals
 
-from lanes import config_version, leases
+from lanes import config_version, counters, leases
 from lanes.metrics import record_rejection
 from lanes.redis_client import get_redis
 from lanes.signals import message_unreadable
@@ -49,6 +49,7 @@ def record_unreadable_message(sender: object, task_id: str, message: str, exc: B
 
 def settle_before_exit(**_: Any) -> None:
     leases.settle_now()
+    counters.flush_quietly()  # a pool child exits without atexit hooks: its last counts go now
 
 
 def connect() -> None:

@@ -121,7 +121,7 @@ if digest ~= '' then
   redis.call('HSET', KEYS[4], 'task', task_id, 'digest', digest)
   redis.call('EXPIRE', KEYS[4], tonumber(ARGV[11]))
 end
-count('dispatched')
+-- 'dispatched' is counted by the caller, in process (lanes.counters), on an 'ok' reply.
 -- A task a limit did not admit: the instance it waits on, how many wait there
 -- before it, and the instance's Retry-After pause (admission's estimate). Nothing
 -- is read for a type that names no limit.

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.conf import settings
 
-from lanes import keys
+from lanes import counters, keys
 from lanes.lua.loader import call
 
 NAME = "admit"
@@ -20,6 +20,8 @@ def admit(
 ) -> list[Any]:
     """Run admit.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
 
+    An accepted task ('ok') is counted as dispatched here, in process (``lanes.counters``).
+
     ``now`` and ``deadline`` are epoch seconds; ``chat`` and ``idempotency_key``
     are '' when the task has none (``payload_digest`` then too); ``limits`` are
     the task's limit instance bases (``keys.limit_base``), in its type's order.
@@ -31,7 +33,7 @@ def admit(
     """
     minute = int(now // 60)
     record = keys.task_record(task_id, chat or None)
-    return call(
+    reply = call(
         NAME,
         [
             keys.CONFIG_VERSION, record, keys.LEASES,
@@ -52,6 +54,9 @@ def admit(
         replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
         wait_if=reports_a_task,
     )
+    if reply and reply[0] == b"ok":
+        counters.add(f"dispatched|{lane}|{task_type}", now)  # in process since issue 16 (lanes.counters)
+    return reply
 
 
 def reports_a_task(reply: list[Any]) -> bool:

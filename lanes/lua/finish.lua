@@ -9,7 +9,8 @@
 --   6 queued lease ms, 7 chat id or '', 8 chat record prefix,
 --   9 metric field suffix ('lane|type'), 10 outcome detail (dead reason or ''),
 --   11 execution-latency bucket label or '', 12 chat-waiting key prefix,
---   13 execution latency in seconds, 14 owner that claimed this attempt ('' when
+--   13 execution latency in seconds (9-11 and 13: counted by the wrapper, in
+--   process, since issue 16: lanes.counters), 14 owner that claimed this attempt ('' when
 --   the task is dead-lettered without a claim, e.g. poison), 15 settle lease ms,
 --   16 limits key prefix, 17 lane key prefix (a task with limits gives its slots
 --   back here, and each freed slot goes to the next waiting task in this call)
@@ -45,16 +46,9 @@ redis.call('SET', KEYS[7], ARGV[2] .. '|' .. ARGV[3], 'EX', tonumber(ARGV[5]))
 redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + tonumber(ARGV[15]), KEYS[1])
 if KEYS[8] then redis.call('ZREM', KEYS[8], KEYS[1]) end
 
-local field = ARGV[9]
-if ARGV[2] == 'done' then
-  count_to(KEYS[5], KEYS[6], 'succeeded|' .. field)
-else
-  count_to(KEYS[5], KEYS[6], 'dead|' .. field .. '|' .. ARGV[10])
-end
-count_to(KEYS[5], KEYS[6], 'completed|' .. lane)
-observe(KEYS[5], KEYS[6], 'xlat', field, ARGV[11], ARGV[13])
--- Handler seconds per lane and minute: admission's estimate of how fast one worker slot drains the lane.
-if ARGV[11] ~= '' then redis.call('HINCRBYFLOAT', KEYS[6], 'busy|' .. lane, ARGV[13]) end
+-- Its counts (succeeded or dead, completed per lane, execution latency, the
+-- lane's handler seconds) are the caller's, kept in process (lanes.counters):
+-- only an 'ok' reply counts them.
 
 local now = tonumber(ARGV[4])
 lim_setup(ARGV[16], ARGV[17], KEYS[5], KEYS[6], now, KEYS[2], now + tonumber(ARGV[6]))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lanes import keys
+from lanes import counters, keys
 from lanes.lua.loader import call
 
 NAME = "finish"
@@ -15,8 +15,13 @@ def finish(
     queued_lease_ms: int, metric_field: str, reason: str, execution_latency_bucket: str,
     execution_latency_s: float, owner: str, settle_lease_ms: int,
 ) -> list[Any]:
-    """Run finish.lua (KEYS/ARGV in its header); returns its reply as Redis sent it."""
-    return call(
+    """Run finish.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
+
+    A finish that took ('ok') is counted here, in process (``lanes.counters``):
+    succeeded or dead (with ``reason``), completed per lane, the execution
+    latency and the lane's handler seconds when ``execution_latency_bucket`` is set.
+    """
+    reply = call(
         NAME,
         [record, keys.LEASES, keys.chat_queue(chat) if chat else record, keys.chat_index(), keys.METRICS_TOTAL,
          keys.metrics_minute(int(now // 60)), keys.tombstone(task_id), keys.DEADLINES],
@@ -25,3 +30,17 @@ def finish(
          keys.lane_chat_waiting(""), f"{execution_latency_s:.6f}", owner, settle_lease_ms, keys.LIMIT_PREFIX,
          keys.LANE_PREFIX],
     )
+    if reply and reply[0] == b"ok":
+        count_finished(metric_field, outcome, reason, execution_latency_bucket, execution_latency_s, now)
+    return reply
+
+
+def count_finished(metric_field: str, outcome: str, reason: str, bucket: str, seconds: float, now: float) -> None:
+    """The counts of a task that reached a terminal state (finish.lua's, before issue 16)."""
+    lane = metric_field.split("|", 1)[0]
+    counters.add(f"succeeded|{metric_field}" if outcome == "done" else f"dead|{metric_field}|{reason}", now)
+    counters.add(f"completed|{lane}", now)
+    counters.observe("xlat", metric_field, bucket, seconds, now)
+    if bucket:
+        # Handler seconds per lane and minute: admission's estimate of how fast one worker slot drains the lane.
+        counters.add(f"busy|{lane}", now, seconds, counters.MINUTE)

@@ -8,8 +8,8 @@
 -- KEYS[10] the claiming process's held set (reclaim.lua reads it once the process is dead)
 -- ARGV: 1 task id, 2 attempt carried by the message, 3 owner (host:pid:thread),
 --   4 now ms, 5 lease ms, 6 max deliveries, 7 owner known dead ('' if none),
---   8 metric field suffix ('lane|type'), 9 queue-latency bucket label or '',
---   10 queue latency in seconds, 11 the claiming process (host:pid),
+--   8-10 unused (the metric field, queue-latency bucket and seconds: the wrapper counts them
+--   in process since issue 16, lanes.counters), 11 the claiming process (host:pid),
 --   12 liveness ms (a process claiming before its first beat registers with it)
 -- Returns {'run', deliveries, config_version} | {'finished', 'done|<result>' or
 --   'dead|null'} | {'gone'} (never accepted, or finished long ago) | {'stale'}
@@ -47,6 +47,5 @@ if KEYS[10] then
   redis.call('SADD', KEYS[10], KEYS[1])
   redis.call('ZADD', KEYS[9], 'NX', now + tonumber(ARGV[12]), ARGV[11])
 end
-count_to(KEYS[3], KEYS[4], 'started|' .. ARGV[8])
-observe(KEYS[3], KEYS[4], 'qlat', ARGV[8], ARGV[9], ARGV[10])
+-- Its counts (started, queue latency) are the caller's, kept in process (lanes.counters).
 return {'run', dlv, redis.call('GET', KEYS[5]) or '0'}

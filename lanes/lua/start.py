@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from lanes import keys
+from lanes import counters, keys
 from lanes.lua.loader import call
 
 NAME = "start"
@@ -15,8 +15,12 @@ def start(
     max_deliveries: int, dead_owner: str, metric_field: str, queue_latency_bucket: str, queue_latency_s: float,
     process: str, liveness_ms: int,
 ) -> list[Any]:
-    """Run start.lua (KEYS/ARGV in its header); returns its reply as Redis sent it."""
-    return call(
+    """Run start.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
+
+    A claim ('run') is counted here, in process (``lanes.counters``): started,
+    and the queue latency when ``queue_latency_bucket`` is set.
+    """
+    reply = call(
         NAME,
         [record, keys.LEASES, keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)), keys.CONFIG_VERSION,
          keys.chat_queue(chat) if chat else record, keys.tombstone(task_id), keys.DEADLINES,
@@ -24,3 +28,7 @@ def start(
         [task_id, attempt, owner, int(now * 1000), lease_ms, max_deliveries, dead_owner, metric_field,
          queue_latency_bucket, f"{queue_latency_s:.6f}", process, liveness_ms],
     )
+    if reply and reply[0] == b"run":
+        counters.add(f"started|{metric_field}", now)
+        counters.observe("qlat", metric_field, queue_latency_bucket, queue_latency_s, now)
+    return reply

@@ -118,6 +118,8 @@ def test_counters_histograms_and_gauges_match_a_known_mix(start_worker, rc):
     assert value(scrape(), "dispatch_lane_in_flight", lane=lane) == 1
     slow.get(timeout=30)
     assert value(scrape(), "dispatch_lane_in_flight", lane=lane) == 0
+    # A worker's counts reach Redis within a second of the task (lanes.counters: kept in process, batched).
+    wait_until(lambda: rc.hget("dispatch:m:total", f"completed|{lane}") == b"10", what="10 completions counted")
 
     # The same numbers in `manage.py lanes --json`.
     out = io.StringIO()
