@@ -221,6 +221,15 @@ def lane_limited(lane: str) -> str:
     return LANE_PREFIX + lane + LANE_LIMITED_SUFFIX
 
 
+#: Suffix of a lane's count of tasks not claimed yet (admission's depth; the scripts build it
+#: from ``LANE_PREFIX`` and the record's lane, and keep it in step with ``DEADLINES``: _lib.lua).
+LANE_WAITING_SUFFIX = ":waiting"
+
+
+def lane_waiting(lane: str) -> str:
+    return LANE_PREFIX + lane + LANE_WAITING_SUFFIX
+
+
 # --- process liveness (lanes.leases, reclaim.lua) -------------------------------
 
 #: Sorted set of worker processes (main processes and pool children, ``host:pid``)

@@ -71,6 +71,14 @@ _out_of_hand: set[str] = set()
 _in_hand_unsent: set[str] = set()
 #: The process list as read at the last beat: (process id, expiry ms).
 _peers: list[tuple[str, float]] = []
+#: True once a beat of this process reached Redis: from then on its beat keeps its
+#: liveness entry, and a claim or a pop need not register it again (issue 16: a command less each).
+_beaten = False
+
+
+def registered() -> bool:
+    """Whether this process's liveness entry was written by one of its beats (claims need not write it)."""
+    return _beaten
 
 
 def process_id(pid: int | None = None) -> str:
@@ -134,10 +142,13 @@ def take_in_hand(record: str) -> None:
     _ensure_thread()
     me = process_id()
     try:
-        pipe = get_redis().pipeline(transaction=False)
-        pipe.sadd(keys.process_in_hand(me), record)
-        pipe.zadd(keys.PROCS, {me: int((time.time() + LIVENESS_TTL_S) * 1000)}, nx=True)
-        pipe.execute()
+        if _beaten:
+            get_redis().sadd(keys.process_in_hand(me), record)
+        else:
+            pipe = get_redis().pipeline(transaction=False)
+            pipe.sadd(keys.process_in_hand(me), record)
+            pipe.zadd(keys.PROCS, {me: int((time.time() + LIVENESS_TTL_S) * 1000)}, nx=True)
+            pipe.execute()
     except Exception:
         with _lock:
             _in_hand_unsent.add(record)  # the next beat sends it again
@@ -257,6 +268,8 @@ def beat(lease_s: float, renew: bool) -> None:
                 _unheld.setdefault(record, 0.0)
         logger.warning("liveness_beat_failed renewals=%d", len(running), exc_info=True)
         return
+    global _beaten
+    _beaten = True
     with _lock:
         _peers[:] = [(m.decode() if isinstance(m, bytes) else str(m), float(score)) for m, score in replies[-1]]
     if dead:
@@ -304,7 +317,8 @@ def pid_exists(pid: int) -> bool:
 
 def _after_fork_in_child() -> None:
     # The parent's renewal thread does not exist in the child: start clean.
-    global _thread, _thread_pid
+    global _thread, _thread_pid, _beaten
+    _beaten = False
     _running.clear()
     _settling.clear()
     _unheld.clear()

@@ -169,7 +169,8 @@ class _Run:
                 lease_ms=int(settings.DISPATCH_LEASE_S * 1000), max_deliveries=settings.DISPATCH_MAX_DELIVERIES,
                 dead_owner=dead_owner, metric_field=self.field,
                 queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
-                process=leases.process_id(), liveness_ms=int(leases.LIVENESS_TTL_S * 1000),
+                process=leases.process_id(),
+                liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000),
             )
             status = reply[0].decode()
             if status == "run":

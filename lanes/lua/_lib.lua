@@ -27,6 +27,26 @@ local function publish_record(record, leases_key, lease_until, state)
   return true
 end
 
+-- Every accepted task no worker has claimed yet is in the deadlines set
+-- (published, behind its chat's head, parked for a retry, or waiting on a
+-- limit), and its lane keeps their count beside it (``<lane key prefix><lane>:waiting``,
+-- lanes.keys.lane_waiting): admission's depth in one command instead of ten
+-- LLENs and three more reads (issue 16). A script changes the set only through
+-- these two, so the count moves exactly when the set does (ZADD and ZREM say
+-- whether they did). A count found below zero is dropped (never negative).
+local function waiting_add(deadlines, record, at, lane_prefix, lane)
+  if redis.call('ZADD', deadlines, at, record) == 1 and lane and lane_prefix then
+    redis.call('INCR', lane_prefix .. lane .. ':waiting')
+  end
+end
+
+local function waiting_remove(deadlines, record, lane_prefix, lane)
+  if redis.call('ZREM', deadlines, record) == 1 and lane and lane_prefix then
+    local key = lane_prefix .. lane .. ':waiting'
+    if tonumber(redis.call('DECR', key)) < 0 then redis.call('DEL', key) end
+  end
+end
+
 local function count_to(total_key, minute_key, field)
   redis.call('HINCRBY', total_key, field, 1)
   -- The minute hash expires 20 minutes after its first count: set it once.

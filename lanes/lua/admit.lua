@@ -22,14 +22,19 @@
 -- ARGV[17] the task's limit instance bases, newline-separated ('' when its type
 --   names no limits: then nothing below touches a limit key), ARGV[18] limits key
 --   prefix (lanes.keys.LIMIT_PREFIX), ARGV[19] lane key prefix (lanes.keys.LANE_PREFIX)
--- KEYS[26] the lane's count of tasks waiting on a limit (part of its depth)
+-- KEYS[26] the lane's count of tasks waiting on a limit (not read here since issue 16)
+-- ARGV[20] '1' to read the lane's completions, handler seconds, paused flag and live
+--   consumers ('0': the caller has them from a recent call; they come back '')
+-- The depth is the lane's count of tasks not claimed yet (``<ARGV[19]><lane>:waiting``,
+--   kept with the deadlines set: waiting_add in _lib.lua); KEYS[7], KEYS[26] and the lane
+--   lists' lengths are no longer read (their LLENs were ten commands a dispatch).
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
 --   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
 --   paused 0/1, live_consumers, waits_on (limit instance base or ''),
 --   waiting_ahead, paused_ms}
--- ``ahead``: messages in the lane's lists that a worker takes before this one
--- (same or more urgent priority), counted before it was pushed; ``busy_s``: the
+-- ``ahead``: the lane's tasks waiting before this one (any priority, since issue 16:
+-- the same as depth); ``busy_s``: the
 -- handler seconds the lane's workers spent in that minute (finish.lua).
 --
 -- Every accepted task enters the deadlines set, published or waiting behind its
@@ -71,13 +76,12 @@ if digest ~= '' and ARGV[15] ~= '1' then
   end
 end
 
-local waiting = redis.call('MGET', KEYS[6], KEYS[26])
-local depth = redis.call('ZCARD', KEYS[7]) + tonumber(waiting[1] or '0') + tonumber(waiting[2] or '0')
-for i = 11, 20 do
-  depth = depth + redis.call('LLEN', KEYS[i])
-end
+-- The lane's depth: its tasks not claimed yet (waiting_add in _lib.lua), this one counted in now.
+local waiting_key = ARGV[19] .. lane .. ':waiting'
+local depth = redis.call('INCR', waiting_key) - 1
 
 local function reject(reason)
+  if tonumber(redis.call('DECR', waiting_key)) < 0 then redis.call('DEL', waiting_key) end
   count('rejected', '|' .. reason)
   return {'rej', reason, depth}
 end
@@ -100,22 +104,26 @@ if chat_id ~= '' then
   end
 end
 
-local ahead = 0
-for i = 11, 11 + tonumber(ARGV[5]) do
-  ahead = ahead + redis.call('LLEN', KEYS[i])
-end
+-- Every task waiting in the lane is counted ahead, whatever its priority (an estimate's input).
+local ahead = depth
 local queue_key = KEYS[11 + tonumber(ARGV[5])]
-redis.call('HSET', KEYS[2], 'msg', ARGV[4], 'q', queue_key, 'lane', lane, 'type', ttype,
-  'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', '0', 'dl', ARGV[16])
-redis.call('ZADD', KEYS[23], tonumber(ARGV[16]), KEYS[2])
+-- An unlimited task that is its chat's head (or has no chat) is published right here:
+-- publish_record's work, without reading back the record just written.
+local direct = publish and ARGV[17] == ''
+local msg = ARGV[4]
+redis.call('HSET', KEYS[2], 'msg', msg, 'q', queue_key, 'lane', lane, 'type', ttype,
+  'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', direct and '1' or '0', 'dl', ARGV[16], 'own', '')
+redis.call('ZADD', KEYS[23], tonumber(ARGV[16]), KEYS[2])  -- counted in the lane's waiting count above
 if ARGV[17] ~= '' then
   redis.call('HSET', KEYS[2], 'lim', ARGV[17], 'kp', ARGV[5])
   if publish then
     lim_setup(ARGV[18], ARGV[19], KEYS[8], KEYS[9], now, KEYS[3], now + tonumber(ARGV[12]))
     gate_publish(KEYS[2], ARGV[17], lane, ARGV[5])
   end
-elseif publish then
-  publish_record(KEYS[2], KEYS[3], now + tonumber(ARGV[12]))
+elseif direct then
+  local mark = string.find(msg, '\0', 1, true)
+  redis.call('LPUSH', queue_key, string.sub(msg, 1, mark - 1) .. task_id .. '.1' .. string.sub(msg, mark + 1))
+  redis.call('ZADD', KEYS[3], now + tonumber(ARGV[12]), KEYS[2])
 end
 if digest ~= '' then
   redis.call('HSET', KEYS[4], 'task', task_id, 'digest', digest)
@@ -133,9 +141,15 @@ if ARGV[17] ~= '' then
     paused_ms = math.max(0, redis.call('PTTL', waits_on .. ':p'))
   end
 end
-local done_field, busy_field = 'completed|' .. lane, 'busy|' .. lane
-return {'ok', position, depth, redis.call('HGET', KEYS[9], done_field) or '0',
-  redis.call('HGET', KEYS[21], done_field) or '0', ahead,
-  redis.call('HGET', KEYS[9], busy_field) or '0', redis.call('HGET', KEYS[21], busy_field) or '0',
-  redis.call('SISMEMBER', KEYS[24], lane), redis.call('ZCOUNT', KEYS[25], now, '+inf'),
-  waits_on, waiting_ahead, paused_ms}
+-- The lane's completions, handler seconds, paused flag and live consumers: read only
+-- when the caller has none fresh (ARGV[20] '1'); else '' and the caller uses what it read lately.
+local done, prev, paused, consumers = {'', ''}, {'', ''}, '', ''
+if ARGV[20] ~= '0' then
+  local done_field, busy_field = 'completed|' .. lane, 'busy|' .. lane
+  done = redis.call('HMGET', KEYS[9], done_field, busy_field)
+  prev = redis.call('HMGET', KEYS[21], done_field, busy_field)
+  paused = redis.call('SISMEMBER', KEYS[24], lane)
+  consumers = redis.call('ZCOUNT', KEYS[25], now, '+inf')
+end
+return {'ok', position, depth, done[1] or '0', prev[1] or '0', ahead, done[2] or '0', prev[2] or '0',
+  paused, consumers, waits_on, waiting_ahead, paused_ms}

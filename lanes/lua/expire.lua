@@ -52,8 +52,8 @@ end
 
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 for _, record in ipairs(due) do
-  redis.call('ZREM', KEYS[1], record)
   local f = redis.call('HMGET', record, 'st', 'lane', 'type', 'chat', 'q', 'pub', 'msg', 'lim', 'lw')
+  waiting_remove(KEYS[1], record, ARGV[13], f[2])
   local st, lane, chat = f[1], f[2], f[4]
   if st == 'queued' or st == 'retry' or st == 'limited' then
     local task_id = string.match(record, '([^:]+)$')

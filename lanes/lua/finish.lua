@@ -43,8 +43,16 @@ local lane = f[2]
 -- chat's keys answers any copy still in the broker for a while.
 redis.call('HSET', KEYS[1], 'st', ARGV[2], 'res', ARGV[3], 'own', '')
 redis.call('SET', KEYS[7], ARGV[2] .. '|' .. ARGV[3], 'EX', tonumber(ARGV[5]))
-redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + tonumber(ARGV[15]), KEYS[1])
-if KEYS[8] then redis.call('ZREM', KEYS[8], KEYS[1]) end
+-- A task claimed by this attempt keeps the lease of its claim: set by start.lua,
+-- renewed by its process's beat every third of it while it ran, so at least two
+-- thirds of DISPATCH_LEASE_S are left (settling takes a fraction of a second;
+-- a lease that ran out anyway only has the sweep republish the finished record,
+-- whose copy re-stores the result row), and it left the deadlines set at the claim. Only a task finished without a claim (poison,
+-- expired before it ran) gets the settle lease and leaves the set here.
+if not (st == 'running' and ARGV[14] ~= '' and f[3] == ARGV[14]) then
+  redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + tonumber(ARGV[15]), KEYS[1])
+  if KEYS[8] then waiting_remove(KEYS[8], KEYS[1], ARGV[17], lane) end
+end
 
 -- Its counts (succeeded or dead, completed per lane, execution latency, the
 -- lane's handler seconds) are the caller's, kept in process (lanes.counters):

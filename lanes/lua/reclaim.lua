@@ -4,7 +4,8 @@
 -- KEYS[2] vouched processes (zset: host:pid -> until ms; pid seen alive on its host)
 -- KEYS[3] leases   KEYS[4] deadlines of waiting tasks
 -- ARGV: 1 now ms, 2 most processes per call, 3 held-set key prefix,
---   4 in-hand-set key prefix, 5 queued lease ms
+--   4 in-hand-set key prefix, 5 queued lease ms, 6 lane key prefix (a claim handed back
+--   waits again: its lane's waiting count rises with the deadlines set, _lib.lua)
 -- Returns {processes_reclaimed, records_examined, republished, redis_commands}.
 --
 -- Cost: one ZRANGEBYSCORE on the process list, then per dead process O(what it
@@ -55,7 +56,7 @@ for _, proc in ipairs(dead) do
           republished = republished + 1
           commands = commands + 6
           if not finished and f[4] then
-            redis.call('ZADD', KEYS[4], tonumber(f[4]), record)
+            waiting_add(KEYS[4], record, tonumber(f[4]), ARGV[6], f[3])
             commands = commands + 1
           end
         end

@@ -19,5 +19,5 @@ class Reclaimed(NamedTuple):
 
 def reclaim(*, now_ms: int, max_processes: int, queued_lease_ms: int) -> Reclaimed:
     reply = call(NAME, [keys.PROCS, keys.PROCS_VOUCHED, keys.LEASES, keys.DEADLINES],
-                 [now_ms, max_processes, keys.HELD_PREFIX, keys.IN_HAND_PREFIX, queued_lease_ms])
+                 [now_ms, max_processes, keys.HELD_PREFIX, keys.IN_HAND_PREFIX, queued_lease_ms, keys.LANE_PREFIX])
     return Reclaimed(*(int(v) for v in reply))

@@ -20,7 +20,7 @@
 -- The message leaves worker memory: it waits in Redis, so a delay longer than
 -- the broker's visibility timeout cannot make it run twice.
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'lim')
+local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'lim', 'lane')
 if f[1] ~= 'running' or tonumber(f[2]) ~= tonumber(ARGV[1]) - 1 or f[3] ~= ARGV[6] then
   return {'already', f[1] or ''}
 end
@@ -29,7 +29,7 @@ redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'att', ARGV[1], 'st', 'retry', 'dlv'
 redis.call('ZADD', KEYS[3], due, KEYS[1])
 redis.call('ZADD', KEYS[2], due + tonumber(ARGV[4]), KEYS[1])
 local deadline = redis.call('HGET', KEYS[1], 'dl')
-if KEYS[6] and deadline then redis.call('ZADD', KEYS[6], tonumber(deadline), KEYS[1]) end
+if KEYS[6] and deadline then waiting_add(KEYS[6], KEYS[1], tonumber(deadline), ARGV[10], f[5]) end
 if f[4] then
   local now = tonumber(ARGV[7])
   lim_setup(ARGV[9], ARGV[10], KEYS[4], KEYS[5], now, KEYS[2], now + tonumber(ARGV[4]))

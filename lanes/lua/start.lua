@@ -10,12 +10,13 @@
 --   4 now ms, 5 lease ms, 6 max deliveries, 7 owner known dead ('' if none),
 --   8-10 unused (the metric field, queue-latency bucket and seconds: the wrapper counts them
 --   in process since issue 16, lanes.counters), 11 the claiming process (host:pid),
---   12 liveness ms (a process claiming before its first beat registers with it)
+--   12 liveness ms (a process claiming before its first beat registers with it; 0 once it
+--   has beaten), 13 lane key prefix (the lane's waiting count drops with the claim, _lib.lua)
 -- Returns {'run', deliveries, config_version} | {'finished', 'done|<result>' or
 --   'dead|null'} | {'gone'} (never accepted, or finished long ago) | {'stale'}
 --   | {'busy', owner} | {'nothead'} | {'poison', deliveries}
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat', 'res')
+local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat', 'res', 'lane', 'dlv')
 local st = f[1]
 if not st then
   local tomb = redis.call('GET', KEYS[7])
@@ -36,16 +37,20 @@ end
 if f[4] ~= '' and redis.call('LINDEX', KEYS[6], 0) ~= ARGV[1] then
   return {'nothead'}
 end
-local dlv = redis.call('HINCRBY', KEYS[1], 'dlv', 1)
-if dlv > tonumber(ARGV[6]) then return {'poison', dlv} end
-redis.call('HSET', KEYS[1], 'st', 'running', 'own', ARGV[3])
-if KEYS[8] then redis.call('ZREM', KEYS[8], KEYS[1]) end
+local dlv = tonumber(f[7] or '0') + 1
+if dlv > tonumber(ARGV[6]) then
+  redis.call('HSET', KEYS[1], 'dlv', dlv)
+  return {'poison', dlv}
+end
+redis.call('HSET', KEYS[1], 'st', 'running', 'own', ARGV[3], 'dlv', dlv)
+if KEYS[8] then waiting_remove(KEYS[8], KEYS[1], ARGV[13], f[6]) end
 redis.call('ZADD', KEYS[2], now + tonumber(ARGV[5]), KEYS[1])
 if KEYS[10] then
   -- The claim names its owner's process: if that process dies, the sweep of
   -- dead processes (reclaim.lua) finds this record without waiting for its lease.
   redis.call('SADD', KEYS[10], KEYS[1])
-  redis.call('ZADD', KEYS[9], 'NX', now + tonumber(ARGV[12]), ARGV[11])
+  -- A process that has not beaten yet registers with its claim (0: it has, its beat keeps it).
+  if tonumber(ARGV[12]) > 0 then redis.call('ZADD', KEYS[9], 'NX', now + tonumber(ARGV[12]), ARGV[11]) end
 end
 -- Its counts (started, queue latency) are the caller's, kept in process (lanes.counters).
 return {'run', dlv, redis.call('GET', KEYS[5]) or '0'}

@@ -26,7 +26,7 @@ def start(
          keys.chat_queue(chat) if chat else record, keys.tombstone(task_id), keys.DEADLINES,
          keys.PROCS, keys.process_held(process)],
         [task_id, attempt, owner, int(now * 1000), lease_ms, max_deliveries, dead_owner, metric_field,
-         queue_latency_bucket, f"{queue_latency_s:.6f}", process, liveness_ms],
+         queue_latency_bucket, f"{queue_latency_s:.6f}", process, liveness_ms, keys.LANE_PREFIX],
     )
     if reply and reply[0] == b"run":
         counters.add(f"started|{metric_field}", now)

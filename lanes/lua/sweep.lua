@@ -2,7 +2,8 @@
 -- finished task never settled, a lost publish), without reading the backlog.
 --
 -- KEYS[1] leases   KEYS[2] deadlines of waiting tasks (a running task republished waits again)
--- ARGV: 1 now ms, 2 most to handle, 3 queued lease ms, 4 delayed-set key prefix
+-- ARGV: 1 now ms, 2 most to handle, 3 queued lease ms, 4 delayed-set key prefix,
+--   5 lane key prefix (a running task republished counts as waiting again, _lib.lua)
 -- Returns {republished, forgotten, parked, redis_commands}.
 --
 -- A republished copy may meet an earlier copy still in the broker; execution
@@ -46,7 +47,7 @@ for _, record in ipairs(expired) do
       republished = republished + 1
       commands = commands + 7
       local deadline = not finished and KEYS[2] and redis.call('HGET', record, 'dl')
-      if deadline then redis.call('ZADD', KEYS[2], tonumber(deadline), record) end
+      if deadline then waiting_add(KEYS[2], record, tonumber(deadline), ARGV[5], f[2]) end
     else
       redis.call('ZREM', KEYS[1], record)
       forgotten = forgotten + 1

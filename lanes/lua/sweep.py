@@ -20,6 +20,6 @@ class Swept(NamedTuple):
 def sweep(*, now_ms: int, batch: int, queued_lease_ms: int) -> Swept:
     reply = script(NAME)(
         keys=[keys.LEASES, keys.DEADLINES],
-        args=[now_ms, batch, queued_lease_ms, keys.lane_delayed("")],
+        args=[now_ms, batch, queued_lease_ms, keys.lane_delayed(""), keys.LANE_PREFIX],
     )
     return Swept(*(int(v) for v in reply))

@@ -1,0 +1,87 @@
+"""Issue 16's Redis budget: what Redis executes per task on the plain path, counted, never timed.
+
+A fixed number of tasks of a plain (unlimited, not chat-scoped) type go
+through a real worker; ``INFO commandstats`` around them counts every command
+Redis ran, those run inside Lua scripts included (and each ``EVALSHA``
+itself), less this test's own polling. Background work of the worker
+(liveness beats, the maintenance loop, batched settling, counter flushes)
+falls inside the window too, as it would in production.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django_celery_results.models import TaskResult
+
+from lanes import keys
+from tasks.dispatch import dispatch
+from tests.support.helpers import define, unique, wait_until
+
+#: Most Redis commands per task on the plain path (dispatch, pop, claim, finish, settle).
+PLAIN_PATH_BUDGET = 25
+TASKS = 500
+
+
+def commandstats(rc) -> dict[str, int]:
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in rc.info("commandstats").items()}
+
+
+def background_per_s(rc, seconds: float = 2.0) -> float:
+    """Commands per second Redis runs with the worker idle (beats, the maintenance loop): not per task."""
+    before = commandstats(rc)
+    started = time.monotonic()
+    time.sleep(seconds)
+    after = commandstats(rc)
+    elapsed = time.monotonic() - started
+    return (sum(after.values()) - sum(before.values()) - 1) / elapsed
+
+
+def run_and_count(rc, type_name: str, n: int) -> tuple[float, float, dict[str, float]]:
+    """Dispatch ``n`` tasks, wait until each is done and settled.
+
+    Returns Redis commands per task, the seconds it took, and the commands per task by name.
+    """
+    own = {"info": 1, "exists": 0}
+    started = time.monotonic()
+    before = commandstats(rc)
+    ids = []
+    for i in range(n):
+        result = dispatch.delay(type_name, {"i": i})
+        assert result.accepted, result
+        ids.append(result.task_id)
+    wait_until(lambda: TaskResult.objects.filter(task_id__in=ids, status="SUCCESS").count() == n, timeout=120,
+               what=f"{n} results stored")
+    records = [keys.task_record(t, None) for t in ids]
+
+    def settled() -> bool:
+        own["exists"] += 1
+        return rc.exists(*records) == 0
+
+    wait_until(settled, timeout=30, what="every record settled")
+    time.sleep(1.5)  # the processes' in-memory counters reach Redis within a beat
+    after = commandstats(rc)
+    elapsed = time.monotonic() - started
+    by = {k: after.get(k, 0) - before.get(k, 0) - own.get(k, 0) for k in after}
+    by = {k: v for k, v in by.items() if v > 0}
+    per_name = {k: round(v / n, 2) for k, v in sorted(by.items(), key=lambda kv: -kv[1])}
+    return sum(by.values()) / n, elapsed, per_name
+
+
+def test_the_plain_path_stays_within_its_redis_budget(start_worker, rc):
+    lane, type_name = unique("budget"), unique("budget-echo")
+    define(type_name, lane=lane)
+    start_worker(lane, pool="threads", concurrency=8)  # the benchmark's shape
+    warm = [dispatch.delay(type_name, {"warm": i}) for i in range(10)]
+    for r in warm:
+        r.get(timeout=60)
+    time.sleep(1.5)
+    idle = background_per_s(rc)
+    per_task, elapsed, by_name = run_and_count(rc, type_name, TASKS)
+    # What the worker runs per second whatever it does (beats, the maintenance loop: about
+    # 50-100 commands a second) is not a cost per task; on a loaded machine the run takes
+    # longer and would charge more of it to each task.
+    net = per_task - idle * elapsed / TASKS
+    print(f"redis commands per task, plain path: {per_task:.2f} ({net:.2f} less {idle:.0f}/s of idle "
+          f"background over {elapsed:.1f}s) {by_name}")
+    assert net <= PLAIN_PATH_BUDGET, (net, per_task, idle, elapsed, by_name)
