@@ -45,8 +45,16 @@ SYSTEMS: dict[str, str] = {
     "celery": "plain Celery bare task (.delay, acks_late, prefetch 1, no result)",
     "platform": "platform plain type (dispatch.delay)",
     "chat": "platform chat-scoped type, 1,000 chats",
-    "dramatiq": "Dramatiq actor (.send; reference)",
+    "dramatiq": "Dramatiq actor (.send; reference), the shape nearest the Celery workers",
+    "dramatiq-defaults": "Dramatiq actor at its own defaults (processes = CPUs, 8 threads each)",
 }
+#: The Dramatiq systems; the issue's targets compare with the faster of them in each workload.
+DRAMATIQ_SYSTEMS = ("dramatiq", "dramatiq-defaults")
+#: Issue 16's budget: most Redis commands per task on the platform's plain path (commands inside
+#: scripts included), asserted by tests/integration/test_redis_budget.py and test_benchmark.py.
+PLAIN_PATH_COMMANDS_BUDGET = 25
+#: Threads per process of Dramatiq's own default (``dramatiq --threads``).
+DRAMATIQ_DEFAULT_THREADS = 8
 WORKLOADS: dict[str, str] = {
     "dispatch": "dispatch only (calls/s, nobody consuming)",
     "noop": "end to end, no-op (tasks/s drained)",
@@ -120,6 +128,7 @@ class Row:
     low: float | None = None
     high: float | None = None
     ratio: float | None = None  # median / plain Celery's median
+    vs_dramatiq: float | None = None  # median / the faster Dramatiq row's median in this workload (issue 16's targets)
     cpu_ms_total: float | None = None  # producer + workers + Redis CPU per task
     cpu_ratio: float | None = None  # plain Celery's CPU per task / this one's: the ratio if CPU-bound, less noisy
     rates: list[float] = field(default_factory=list)
@@ -285,10 +294,16 @@ class Bench:
         if workload == "dispatch":
             return "none"
         pool, conc = self.worker_shape(workload)
-        if system == "dramatiq":
-            procs, threads = _dramatiq_shape(self.o.instances, pool, conc)
-            return f"dramatiq -p {procs} -t {threads}"
+        if system in DRAMATIQ_SYSTEMS:
+            procs, threads = self.dramatiq_shape(system, pool, conc)
+            return f"dramatiq -p {procs} -t {threads}" + (" (its defaults)" if system == "dramatiq-defaults" else "")
         return f"{self.o.instances} x celery -P {pool} -c {conc}"
+
+    def dramatiq_shape(self, system: str, pool: str, concurrency: int) -> tuple[int, int]:
+        """Processes x threads of a Dramatiq system: its defaults, or the nearest to the Celery workers."""
+        if system == "dramatiq-defaults":
+            return os.cpu_count() or 1, DRAMATIQ_DEFAULT_THREADS
+        return _dramatiq_shape(self.o.instances, pool, concurrency)
 
     def start_workers(self, system: str, workload: str, probe_dir: Path) -> list[_Proc]:
         pool, conc = self.worker_shape(workload)
@@ -297,13 +312,13 @@ class Bench:
         logs = self.tmp / "logs"
         logs.mkdir(exist_ok=True)
         procs: list[_Proc] = []
-        if system == "dramatiq":
-            n_procs, threads = _dramatiq_shape(self.o.instances, pool, conc)
-            log = logs / f"dramatiq-{workload}.log"
+        if system in DRAMATIQ_SYSTEMS:
+            n_procs, threads = self.dramatiq_shape(system, pool, conc)
+            log = logs / f"{system}-{workload}.log"
             offset = log.stat().st_size if log.exists() else 0
             procs.append(_Proc([str(BIN / "dramatiq"), "tools.bench_dramatiq", "-p", str(n_procs), "-t",
                                 str(threads), "-Q", "bench-dramatiq"], env, log))
-            self._wait(lambda: _count_in(log, offset, b"ready for action") >= n_procs, procs, "dramatiq")
+            self._wait(lambda: _count_in(log, offset, b"ready for action") >= n_procs, procs, system)
             return procs
         queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE}[system]
         for i in range(self.o.instances):
@@ -328,7 +343,7 @@ class Bench:
     # -- measurements ------------------------------------------------------
     def measure(self, workload: str, system: str, round_no: int) -> Measurement:
         m = Measurement(workload, system, round_no)
-        if system == "dramatiq" and not dramatiq_available():
+        if system in DRAMATIQ_SYSTEMS and not dramatiq_available():
             m.error = "skipped: dramatiq not installed (pip install -r requirements-bench.txt)"
             return m
         n = {"dispatch": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io}[workload]
@@ -475,11 +490,18 @@ def summarize(measurements: list[Measurement], systems: list[str], workloads: li
             if base_cpu and row.cpu_ms_total and workload != "dispatch":
                 row.cpu_ratio = round(base_cpu / row.cpu_ms_total, 2)
             rows.append(row)
+    for workload in workloads:
+        peers = [r for r in rows if r.workload == workload and r.system in DRAMATIQ_SYSTEMS and r.median]
+        if peers:
+            best = max(r.median for r in peers if r.median)
+            for r in rows:
+                if r.workload == workload and r.median:
+                    r.vs_dramatiq = round(r.median / best, 2)
     return rows
 
 
-TABLE_COLUMNS = ["workload", "system", "median/s", "[min-max]", "x celery", "cpu ms/task prod|main|pool|redis",
-                 "cpu x celery",
+TABLE_COLUMNS = ["workload", "system", "median/s", "[min-max]", "x celery", "x best dramatiq",
+                 "cpu ms/task prod|main|pool|redis", "cpu x celery",
                  "redis cmds/task", "round trips/task", "sql/task (writes)", "workers", "status"]
 
 
@@ -491,6 +513,7 @@ def table_rows(report: BenchReport) -> list[dict[str, Any]]:
             "workload": r.workload, "system": r.system, "median/s": r.median,
             "[min-max]": f"[{r.low:.0f}-{r.high:.0f}]" if r.median is not None else None,
             "x celery": r.ratio,
+            "x best dramatiq": r.vs_dramatiq,
             "cpu x celery": r.cpu_ratio,
             "cpu ms/task prod|main|pool|redis": "|".join(f"{cpu[k]:.2f}" if k in cpu else "-"
                                                          for k in ("producer", "worker_main", "worker_pool", "redis"))
@@ -600,7 +623,7 @@ def _sender(system: str, chats: int, ms: float) -> Callable[[int], int]:
         def send(i: int) -> int:
             celery_work.delay({"n": i, "ms": ms})
             return 0
-    elif system == "dramatiq":
+    elif system in DRAMATIQ_SYSTEMS:
         from tools.bench_dramatiq import dramatiq_work
 
         def send(i: int) -> int:
@@ -628,7 +651,7 @@ class _Empty:
 
 def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
     """True when the system holds no message waiting or unacknowledged."""
-    if system == "dramatiq":
+    if system in DRAMATIQ_SYSTEMS:
         name = "dramatiq:bench-dramatiq.msgs"
         return _Empty(lambda: r.hlen(name) == 0, {"hlen": 1})
     if system == "celery":

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 from django.conf import settings
 
 from lanes import counters, keys
+from lanes.forksafe import ForkSafeLock
 from lanes.lua.loader import call
 
 NAME = "admit"
@@ -20,7 +20,7 @@ ESTIMATE_INPUTS_TTL_S = 1.0
 _ESTIMATE_FIELDS = (3, 4, 6, 7, 8, 9)
 #: lane -> (monotonic time read, minute, the inputs); a minute's change reads them again.
 _estimate_inputs: dict[str, tuple[float, int, tuple[Any, ...]]] = {}
-_estimate_lock = threading.Lock()
+_estimate_lock = ForkSafeLock()
 
 
 def admit(

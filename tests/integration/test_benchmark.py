@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.benchmark import SYSTEMS, WORKLOADS, dramatiq_available
+from tools.benchmark import DRAMATIQ_SYSTEMS, PLAIN_PATH_COMMANDS_BUDGET, SYSTEMS, WORKLOADS, dramatiq_available
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,7 +25,7 @@ def test_quick_benchmark_prints_every_row():
     rows = {(r["workload"], r["system"]): r for r in report["rows"]}
     assert set(rows) == {(w, s) for w in WORKLOADS for s in SYSTEMS}
     for (workload, system), row in rows.items():
-        if system == "dramatiq" and not dramatiq_available():
+        if system in DRAMATIQ_SYSTEMS and not dramatiq_available():
             assert row["status"].startswith("skipped"), row
             continue
         assert row["status"] == "ok", row
@@ -46,6 +46,14 @@ def test_quick_benchmark_prints_every_row():
             celery_trips = rows[(workload, "celery")]["redis_round_trips_per_task"]
             assert row["redis_round_trips_per_task"] < celery_trips + 2.5, (row, celery_trips)
     assert rows[("noop", "celery")]["ratio"] == 1
+    # Issue 16's budget, counted by the benchmark itself (INFO commandstats, commands inside scripts
+    # included); a run this short charges each task more of the workers' per-second background.
+    assert rows[("noop", "platform")]["redis_commands_per_task"] <= PLAIN_PATH_COMMANDS_BUDGET + 3, rows[
+        ("noop", "platform")]["commands_by_name"]
+    if dramatiq_available():
+        # Both Dramatiq shapes ran; every row is compared with the faster one.
+        best = max(rows[("noop", s)]["median"] for s in DRAMATIQ_SYSTEMS)
+        assert rows[("noop", "platform")]["vs_dramatiq"] == round(rows[("noop", "platform")]["median"] / best, 2)
     # The table form prints the same rows.
     text = subprocess.run(
         [sys.executable, "manage.py", "benchmark", "--quick", "--tasks", "20", "--dispatch-tasks", "20",

@@ -17,9 +17,10 @@ from django_celery_results.models import TaskResult
 from lanes import keys
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, unique, wait_until
+from tools.benchmark import PLAIN_PATH_COMMANDS_BUDGET
 
 #: Most Redis commands per task on the plain path (dispatch, pop, claim, finish, settle).
-PLAIN_PATH_BUDGET = 25
+PLAIN_PATH_BUDGET = PLAIN_PATH_COMMANDS_BUDGET
 TASKS = 500
 
 
