@@ -34,10 +34,13 @@ end
 -- LLENs and three more reads (issue 16). A script changes the set only through
 -- these two, so the count moves exactly when the set does (ZADD and ZREM say
 -- whether they did). A count found below zero is dropped (never negative).
+-- waiting_add returns the Redis commands it ran (scripts that report their cost).
 local function waiting_add(deadlines, record, at, lane_prefix, lane)
   if redis.call('ZADD', deadlines, at, record) == 1 and lane and lane_prefix then
     redis.call('INCR', lane_prefix .. lane .. ':waiting')
+    return 2
   end
+  return 1
 end
 
 local function waiting_remove(deadlines, record, lane_prefix, lane)

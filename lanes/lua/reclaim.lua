@@ -56,8 +56,7 @@ for _, proc in ipairs(dead) do
           republished = republished + 1
           commands = commands + 6
           if not finished and f[4] then
-            waiting_add(KEYS[4], record, tonumber(f[4]), ARGV[6], f[3])
-            commands = commands + 1
+            commands = commands + waiting_add(KEYS[4], record, tonumber(f[4]), ARGV[6], f[3])
           end
         end
       end

@@ -53,7 +53,7 @@ for _, record in ipairs(expired) do
       republished = republished + 1
       commands = commands + 7
       local deadline = not finished and KEYS[2] and redis.call('HGET', record, 'dl')
-      if deadline then waiting_add(KEYS[2], record, tonumber(deadline), ARGV[5], f[2]) end
+      if deadline then commands = commands + waiting_add(KEYS[2], record, tonumber(deadline), ARGV[5], f[2]) end
     else
       redis.call('ZREM', KEYS[1], record)
       forgotten = forgotten + 1
