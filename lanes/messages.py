@@ -39,13 +39,18 @@ class Envelope:
     chat: str = ""
     key: str = ""  # idempotency key
     meta: dict | None = None
+    #: The retry policy the caller named for this task ('' : its type's), carried across its retries.
+    policy: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it deep-copies, and this runs on every dispatch
         # only to be serialised at once.
-        return {"type": self.type, "lane": self.lane, "priority": self.priority, "attempt": self.attempt,
-                "deadline": self.deadline, "dispatched_at": self.dispatched_at, "chat": self.chat,
-                "key": self.key, "meta": self.meta}
+        out = {"type": self.type, "lane": self.lane, "priority": self.priority, "attempt": self.attempt,
+               "deadline": self.deadline, "dispatched_at": self.dispatched_at, "chat": self.chat,
+               "key": self.key, "meta": self.meta}
+        if self.policy:  # only when named: a plain dispatch's message is unchanged
+            out["policy"] = self.policy
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:
@@ -63,9 +68,11 @@ class Envelope:
         meta = data.get("meta")
         if meta is not None and not isinstance(meta, dict):
             raise ValueError("field 'meta' must be an object")
+        if not isinstance(data.get("policy", ""), str):
+            raise ValueError("field 'policy' must be a string")
         if data["attempt"] < 1 or not 0 <= data["priority"] <= 9:
             raise ValueError("field 'attempt' or 'priority' is out of range")
-        return cls(**{name: data[name] for name in (*expected, "meta") if name in data})
+        return cls(**{name: data[name] for name in (*expected, "meta", "policy") if name in data})
 
 
 def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float) -> str:

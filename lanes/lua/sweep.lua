@@ -38,8 +38,10 @@ for _, record in ipairs(expired) do
     redis.call('ZADD', KEYS[1], '+inf', record)
     commands = commands + 1
     parked = parked + 1
-  elseif finished or st == 'queued' or st == 'running' or st == 'retry' then
-    if st == 'retry' then redis.call('ZREM', ARGV[4] .. f[2], record) end
+  elseif finished or st == 'queued' or st == 'running' or st == 'retry' or st == 'scheduled' then
+    -- A retry or a task sent for later is leased until its due time plus the
+    -- queued lease: past that, promote.lua missed it (no process promoted it).
+    if st == 'retry' or st == 'scheduled' then redis.call('ZREM', ARGV[4] .. f[2], record) end
     -- A finished record was never settled (its worker died before storing the
     -- result row): it keeps its state, so its copy only stores the row (start.lua).
     if publish_record(record, KEYS[1], now + tonumber(ARGV[3]), finished and st or nil) then
