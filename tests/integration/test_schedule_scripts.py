@@ -199,3 +199,47 @@ def test_a_scheduled_task_expires_at_its_deadline(rc):
     assert record_of(rc, head, chat).get("st") in (None, "dead")
     assert record_of(rc, behind, chat).get("st") in (None, "dead")
     assert not rc.exists(keys.lane_delayed(lane), keys.lane_chat_waiting(lane), keys.chat_queue(chat))
+
+
+def test_a_copy_of_a_scheduled_task_never_runs_before_it_is_due(rc, plain):
+    """A stray copy in the broker (none exists normally) is answered 'stale' while the task waits."""
+    from lanes.lua.start import start as lua_start
+
+    name, _ = plain
+    task_id = admit(name, {}, countdown=60).task_id
+    reply = lua_start(task_id=task_id, record=keys.task_record(task_id), chat="", attempt=1, owner="t:1:1",
+                      now=time.time(), lease_ms=6000, max_deliveries=5, dead_owner="", metric_field="x|y",
+                      queue_latency_bucket="", queue_latency_s=0.0, process="t:1", liveness_ms=60_000)
+    assert reply[0] == b"stale", reply
+    assert record_of(rc, task_id)["st"] == "scheduled"
+
+
+def test_the_sweep_publishes_a_due_scheduled_task_that_promotion_missed(rc, plain):
+    """Its lease (due + queued lease) is the backstop when its delayed-set entry is lost."""
+    name, lane = plain
+    task_id = admit(name, {}, countdown=0.2).task_id
+    record = keys.task_record(task_id)
+    rc.zrem(keys.lane_delayed(lane), record)  # promotion cannot see it any more
+    rc.zadd(keys.LEASES, {record: int(time.time() * 1000) - 1})  # its lease ran out
+    time.sleep(0.3)
+    assert promote_due([lane]) == 0
+    sweep()
+    rec = record_of(rc, task_id)
+    assert (rec["st"], rec["pub"]) == ("queued", "1") and lane_depth(rc, lane) == 1
+
+
+def test_a_scheduled_task_of_a_limited_type_passes_the_gate_when_due(rc):
+    from tests.integration.test_limits_scripts import limit, limited_type
+
+    lane = unique("sl")
+    lim = limit(unique("mif"), scope="global", max_in_flight=1)
+    tt = limited_type(unique("ty"), [lim], lane)
+    first = admit(tt.name, {}).task_id
+    later = admit(tt.name, {}, countdown=0.2).task_id
+    assert record_of(rc, later)["st"] == "scheduled"
+    assert rc.scard(keys.limit_holding(keys.limit_base(lim.name))) == 1  # waiting for its time holds no slot
+    time.sleep(0.3)
+    promote_due([lane])
+    assert record_of(rc, later)["st"] == "limited"  # due: now it waits on the limit, as a retry would
+    run(first)
+    assert record_of(rc, later)["st"] == "queued" and record_of(rc, later)["pub"] == "1"
