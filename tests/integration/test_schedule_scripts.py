@@ -243,3 +243,21 @@ def test_a_scheduled_task_of_a_limited_type_passes_the_gate_when_due(rc):
     assert record_of(rc, later)["st"] == "limited"  # due: now it waits on the limit, as a retry would
     run(first)
     assert record_of(rc, later)["st"] == "queued" and record_of(rc, later)["pub"] == "1"
+
+
+def test_the_http_api_takes_the_same_options(rc, plain):
+    from tests.support.api_client import ApiClient, make_token
+
+    name, lane = plain
+    client = ApiClient(make_token(unique("svc-sched"), [name]))
+    eta = (datetime.now(UTC) + timedelta(seconds=60)).isoformat()
+    answer = client.post("/dispatch", {"task_type": name, "payload": {}, "eta": eta})
+    assert answer.status_code == 202, answer.content
+    assert record_of(rc, answer.json()["task_id"])["st"] == "scheduled"
+    rc.zadd(keys.lane_consumers(lane), {"w@test": int(time.time() * 1000) + 60_000})  # a live consumer
+    answer = client.post("/dispatch", {"task_type": name, "payload": {}, "countdown": 30})
+    assert answer.status_code == 202 and 29 <= answer.json()["estimated_delay"] <= 30, answer.content
+    for body, reason in (({"countdown": -1}, "invalid_eta"), ({"eta": "2030-01-01T00:00:00"}, "invalid_eta"),
+                         ({"retry_policy": "nope"}, "unknown_retry_policy")):
+        answer = client.post("/dispatch", {"task_type": name, "payload": {}, **body})
+        assert (answer.status_code, answer.json()["reason"]) == (422, reason), answer.content
