@@ -261,3 +261,16 @@ def test_the_http_api_takes_the_same_options(rc, plain):
                          ({"retry_policy": "nope"}, "unknown_retry_policy")):
         answer = client.post("/dispatch", {"task_type": name, "payload": {}, **body})
         assert (answer.status_code, answer.json()["reason"]) == (422, reason), answer.content
+
+
+def test_manage_dispatch_takes_the_same_options(rc, plain):
+    from tests.integration.test_cli_exit_codes import manage
+
+    name, _ = plain
+    done = manage("dispatch", name, "--countdown", "30")
+    assert done.returncode == 0, done.stderr
+    assert record_of(rc, json.loads(done.stdout)["task_id"])["st"] == "scheduled"
+    done = manage("dispatch", name, "--eta", "2030-01-01T00:00:00")
+    assert (done.returncode, json.loads(done.stdout)["reason"]) == (1, "invalid_eta")
+    done = manage("dispatch", name, "--retry-policy", "nope")
+    assert (done.returncode, json.loads(done.stdout)["reason"]) == (1, "unknown_retry_policy")
