@@ -41,6 +41,13 @@ class Envelope:
     meta: dict | None = None
     #: The retry policy the caller named for this task ('' : its type's), carried across its retries.
     policy: str = ""
+    #: When a task sent for later was due, epoch seconds (0: dispatched for now); queue latency counts from it.
+    due: float = 0.0
+
+    @property
+    def ready_at(self) -> float:
+        """When the task could first start: its due time if it was sent for later, else its dispatch."""
+        return max(self.dispatched_at, self.due)
 
     def as_dict(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it deep-copies, and this runs on every dispatch
@@ -50,6 +57,8 @@ class Envelope:
                "key": self.key, "meta": self.meta}
         if self.policy:  # only when named: a plain dispatch's message is unchanged
             out["policy"] = self.policy
+        if self.due:
+            out["due"] = self.due
         return out
 
     @classmethod
@@ -70,9 +79,12 @@ class Envelope:
             raise ValueError("field 'meta' must be an object")
         if not isinstance(data.get("policy", ""), str):
             raise ValueError("field 'policy' must be a string")
+        due = data.get("due", 0.0)
+        if not isinstance(due, (int, float)) or isinstance(due, bool):
+            raise ValueError("field 'due' must be a number")
         if data["attempt"] < 1 or not 0 <= data["priority"] <= 9:
             raise ValueError("field 'attempt' or 'priority' is out of range")
-        return cls(**{name: data[name] for name in (*expected, "meta", "policy") if name in data})
+        return cls(**{name: data[name] for name in (*expected, "meta", "policy", "due") if name in data})
 
 
 def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float) -> str:

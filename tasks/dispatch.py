@@ -145,6 +145,7 @@ def admit(
             type=tc.name, lane=tc.lane, priority=checked.priority, attempt=1,
             deadline=now + checked.timeout_s, dispatched_at=now, chat=chat,
             key=checked.idempotency_key, meta=checked.metadata or None, policy=retry_policy or "",
+            due=due or 0.0,
         )
         soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
         message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit)

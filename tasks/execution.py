@@ -162,7 +162,7 @@ class _Run:
         env = self.env
         dead_owner = ""
         owner = leases.owner_id()
-        qlat = now - env.dispatched_at
+        qlat = now - env.ready_at  # a task sent for later is waited for from its due time
         for _ in range(2):
             reply = lua_start(
                 task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner, now=now,
@@ -257,7 +257,7 @@ class _Run:
 
     def _info(self, now: float, **extra: Any) -> lifecycle.TaskInfo:
         env = self.env
-        qlat = (self.started_at or now) - env.dispatched_at
+        qlat = (self.started_at or now) - env.ready_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
         return lifecycle.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
 
