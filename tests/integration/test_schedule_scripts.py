@@ -214,8 +214,9 @@ def test_a_copy_of_a_scheduled_task_never_runs_before_it_is_due(rc, plain):
     assert record_of(rc, task_id)["st"] == "scheduled"
 
 
-def test_the_sweep_publishes_a_due_scheduled_task_that_promotion_missed(rc, plain):
-    """Its lease (due + queued lease) is the backstop when its delayed-set entry is lost."""
+def test_the_sweep_makes_a_scheduled_task_that_promotion_missed_due_again(rc, plain):
+    """Its lease (due + queued lease) is the backstop when its delayed-set entry is lost:
+    the sweep puts it back as due (never earlier than its eta), promotion publishes it."""
     name, lane = plain
     task_id = admit(name, {}, countdown=0.2).task_id
     record = keys.task_record(task_id)
@@ -224,8 +225,20 @@ def test_the_sweep_publishes_a_due_scheduled_task_that_promotion_missed(rc, plai
     time.sleep(0.3)
     assert promote_due([lane]) == 0
     sweep()
+    assert record_of(rc, task_id)["st"] == "scheduled"
+    assert promote_due([lane]) == 1
     rec = record_of(rc, task_id)
     assert (rec["st"], rec["pub"]) == ("queued", "1") and lane_depth(rc, lane) == 1
+
+
+def test_the_sweep_never_makes_a_scheduled_task_due_before_its_eta(rc, plain):
+    name, lane = plain
+    task_id = admit(name, {}, countdown=60).task_id
+    record = keys.task_record(task_id)
+    rc.zadd(keys.LEASES, {record: int(time.time() * 1000) - 1})  # a lease out of step with its eta
+    sweep()
+    assert rc.zscore(keys.lane_delayed(lane), record) == int(record_of(rc, task_id)["eta"])
+    assert promote_due([lane]) == 0 and record_of(rc, task_id)["pub"] == "0"
 
 
 def test_a_scheduled_task_of_a_limited_type_passes_the_gate_when_due(rc):
