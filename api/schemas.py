@@ -66,6 +66,9 @@ class BulkIn(Schema):
     priority: Priority | None = None
     timeout: Seconds | None = None
     metadata: JsonObject | None = None
+    countdown: StrictFloat | None = Field(None, description="Send every item later: seconds from now.")
+    eta: StrictStr | None = Field(None, description="Send every item later: ISO 8601 with an offset.")
+    retry_policy: StrictStr | None = Field(None, description="A retry policy's name for every item.")
 
 
 class DispatchOut(Schema):

@@ -163,7 +163,8 @@ def dispatch_bulk(request: HttpRequest, data: BulkIn) -> JsonResponse:
     for item in data.items:
         payload, options = _item_options(item)
         options.setdefault("priority", data.priority)
-        results.append(admit(data.task_type, payload, timeout=data.timeout, metadata=data.metadata, **options))
+        results.append(admit(data.task_type, payload, timeout=data.timeout, metadata=data.metadata,
+                             countdown=data.countdown, eta=data.eta, retry_policy=data.retry_policy, **options))
     _audit(request, caller, "bulk", data.task_type, results)
     accepted = sum(1 for r in results if r.accepted)
     return _json(request, 200, {"accepted": accepted, "rejected": len(results) - accepted,

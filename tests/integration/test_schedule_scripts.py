@@ -270,6 +270,11 @@ def test_the_http_api_takes_the_same_options(rc, plain):
     rc.zadd(keys.lane_consumers(lane), {"w@test": int(time.time() * 1000) + 60_000})  # a live consumer
     answer = client.post("/dispatch", {"task_type": name, "payload": {}, "countdown": 30})
     assert answer.status_code == 202 and 29 <= answer.json()["estimated_delay"] <= 30, answer.content
+    answer = client.post("/dispatch/bulk", {"task_type": name, "items": [{}], "countdown": 30,
+                                            "retry_policy": "nope"})
+    assert answer.status_code == 200 and answer.json()["results"][0]["reason"] == "unknown_retry_policy"
+    answer = client.post("/dispatch/bulk", {"task_type": name, "items": [{}], "countdown": 30})
+    assert record_of(rc, answer.json()["results"][0]["task_id"])["st"] == "scheduled"
     for body, reason in (({"countdown": -1}, "invalid_eta"), ({"eta": "2030-01-01T00:00:00"}, "invalid_eta"),
                          ({"retry_policy": "nope"}, "unknown_retry_policy")):
         answer = client.post("/dispatch", {"task_type": name, "payload": {}, **body})
