@@ -10,6 +10,7 @@ queue runs the same admission for them.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import time
 import uuid
@@ -29,7 +30,7 @@ from lanes.priorities import to_kombu
 from tasks import config
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
-from tasks.validation import Invalid, check_dispatch, check_limits, shown
+from tasks.validation import Checked, Invalid, check_dispatch, check_limits, shown
 
 logger = logging.getLogger(__name__)
 
@@ -96,57 +97,25 @@ def admit(
     except redis.RedisError as exc:
         return _unavailable(exc, None)
     task_id = _task_id or str(uuid.uuid4())
+    options = {"chat_id": chat_id, "priority": priority, "idempotency_key": idempotency_key, "timeout": timeout,
+               "metadata": metadata, "limit_key": limit_key}
     confirmed = False
     for _ in range(4):
-        tc = snap.types.get(task_type) if isinstance(task_type, str) else None
         try:
-            if tc is None:
-                raise Invalid("unknown_type", f"no task type named {shown(task_type, 100)}")
-            checked = check_dispatch(
-                type_name=tc.name, enabled=tc.enabled, chat_scoped=tc.chat_scoped,
-                max_payload_bytes=tc.max_payload_bytes, default_priority=tc.priority,
-                default_timeout_s=tc.timeout_s, payload=payload, priority=priority, timeout=timeout,
-                chat_id=chat_id, idempotency_key=idempotency_key, metadata=metadata,
-            )
-            bases = _limit_bases(tc, checked.chat_id, limit_key) if tc.limits or limit_key is not None else ()
+            prepared = prepare(snap, task_type, payload, task_id=task_id, replace_idempotency=_replace_idempotency,
+                               **options)
         except Invalid as exc:
-            # A rejection may come from a cached config older than a fresh admin
-            # save: confirm the version (one GET, on the rejection path only).
             if not confirmed:
                 confirmed = True
-                try:
-                    fresh = config.refresh_if_changed()
-                except redis.RedisError:
-                    fresh = snap
+                fresh = confirm_config(snap)
                 if fresh.version != snap.version:
                     snap = fresh
                     continue
-            name = tc.name if tc else task_type[:100] if isinstance(task_type, str) else shown(task_type, 100)
-            return _rejected(name, tc.lane if tc else "", exc.reason, exc.detail)
-        lane = snap.lanes.get(tc.lane)
-        chat = checked.chat_id if tc.chat_scoped else ""
-        now = time.time()
-        envelope = Envelope(
-            type=tc.name, lane=tc.lane, priority=checked.priority, attempt=1,
-            deadline=now + checked.timeout_s, dispatched_at=now, chat=chat,
-            key=checked.idempotency_key, meta=checked.metadata or None,
-        )
-        soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
-        message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit)
-        kombu_priority = to_kombu(checked.priority)
+            return rejected_invalid(snap, task_type, exc)
         try:
-            reply = lua_admit(
-                version=snap.version, now=now, task_id=task_id, message=message, kombu_priority=kombu_priority,
-                lane=tc.lane, task_type=tc.name, accepting=lane is None or lane.accepting,
-                capacity=lane.capacity if lane else 0, chat=chat, chat_queue_size=tc.chat_queue_size,
-                idempotency_key=checked.idempotency_key or "",
-                payload_digest=payload_digest(checked.payload_json) if checked.idempotency_key else "",
-                idempotency_window_s=tc.idempotency_window_s,
-                queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-                replace_idempotency=_replace_idempotency, deadline=envelope.deadline, limits=bases,
-            )
+            reply = lua_admit(**prepared.script_args)
         except redis.RedisError as exc:
-            logger.warning("dispatch_unavailable type=%s error=%s", tc.name, exc)
+            logger.warning("dispatch_unavailable type=%s error=%s", prepared.tc.name, exc)
             return _unavailable(exc, task_id)
         status = reply[0].decode()
         if status == "stale":
@@ -155,7 +124,84 @@ def admit(
             except redis.RedisError as exc:  # a rejection is a result, never an exception
                 return _unavailable(exc, None)
             continue
-        return _interpret(reply, status, task_id, tc, checked, now, snap.limits)
+        return _interpret(reply, status, prepared, snap.limits)
+    return config_kept_changing()
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One dispatch validated against a config snapshot: admit.lua's arguments, and what reading its reply needs."""
+
+    tc: config.TypeConf
+    checked: Checked
+    now: float
+    task_id: str
+    #: ``lanes.lua.admit.admit``'s keyword arguments.
+    script_args: dict[str, Any]
+
+
+def prepare(
+    snap: config.Snapshot, task_type: Any, payload: Any, *, task_id: str, replace_idempotency: bool = False,
+    chat_id: Any = None, priority: Any = None, idempotency_key: Any = None, timeout: Any = None,
+    metadata: Any = None, limit_key: Any = None,
+) -> Prepared:
+    """Validate one dispatch against ``snap`` and build its message; raise ``Invalid`` naming what is wrong.
+
+    Shared by ``admit`` (one call) and ``tasks.bulk.dispatch_many`` (a chunk
+    of them in one round trip), so both accept and refuse exactly the same input.
+    """
+    tc = snap.types.get(task_type) if isinstance(task_type, str) else None
+    if tc is None:
+        raise Invalid("unknown_type", f"no task type named {shown(task_type, 100)}")
+    checked = check_dispatch(
+        type_name=tc.name, enabled=tc.enabled, chat_scoped=tc.chat_scoped,
+        max_payload_bytes=tc.max_payload_bytes, default_priority=tc.priority,
+        default_timeout_s=tc.timeout_s, payload=payload, priority=priority, timeout=timeout,
+        chat_id=chat_id, idempotency_key=idempotency_key, metadata=metadata,
+    )
+    bases = _limit_bases(tc, checked.chat_id, limit_key) if tc.limits or limit_key is not None else ()
+    lane = snap.lanes.get(tc.lane)
+    chat = checked.chat_id if tc.chat_scoped else ""
+    now = time.time()
+    envelope = Envelope(
+        type=tc.name, lane=tc.lane, priority=checked.priority, attempt=1,
+        deadline=now + checked.timeout_s, dispatched_at=now, chat=chat,
+        key=checked.idempotency_key, meta=checked.metadata or None,
+    )
+    soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
+    message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit)
+    script_args = dict(
+        version=snap.version, now=now, task_id=task_id, message=message, kombu_priority=to_kombu(checked.priority),
+        lane=tc.lane, task_type=tc.name, accepting=lane is None or lane.accepting,
+        capacity=lane.capacity if lane else 0, chat=chat, chat_queue_size=tc.chat_queue_size,
+        idempotency_key=checked.idempotency_key or "",
+        payload_digest=payload_digest(checked.payload_json) if checked.idempotency_key else "",
+        idempotency_window_s=tc.idempotency_window_s,
+        queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+        replace_idempotency=replace_idempotency, deadline=envelope.deadline, limits=bases,
+    )
+    return Prepared(tc, checked, now, task_id, script_args)
+
+
+def confirm_config(snap: config.Snapshot) -> config.Snapshot:
+    """The config as Redis has it now, when a rejection may come from a cached one older than an admin save.
+
+    One GET, on the rejection path only; ``snap`` itself if Redis does not answer.
+    """
+    try:
+        return config.refresh_if_changed()
+    except redis.RedisError:
+        return snap
+
+
+def rejected_invalid(snap: config.Snapshot, task_type: Any, exc: Invalid) -> DispatchResult:
+    """The result of a dispatch that failed validation (``prepare`` raised ``exc``)."""
+    tc = snap.types.get(task_type) if isinstance(task_type, str) else None
+    name = tc.name if tc else task_type[:100] if isinstance(task_type, str) else shown(task_type, 100)
+    return _rejected(name, tc.lane if tc else "", exc.reason, exc.detail)
+
+
+def config_kept_changing() -> DispatchResult:
     return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
 
 
@@ -186,8 +232,9 @@ def _unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     return DispatchResult(accepted=False, reason="unavailable", detail=detail)
 
 
-def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, checked, now: float,
-               limits: dict[str, dict] | None = None) -> DispatchResult:
+def _interpret(reply: list, status: str, prepared: Prepared, limits: dict[str, dict] | None = None) -> DispatchResult:
+    """The ``DispatchResult`` admit.lua's ``reply`` (not 'stale') means for ``prepared``."""
+    tc, checked, task_id, now = prepared.tc, prepared.checked, prepared.task_id, prepared.now
     if status == "dup":
         return DispatchResult(True, reply[1].decode(), tc.lane, checked.priority, duplicate=True)
     if status == "conflict":
@@ -222,6 +269,21 @@ def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, chec
     return result
 
 
+def dispatch_many(task_type: str, items: Any, *, timeout: float | None = None,
+                  metadata: dict | None = None) -> list[DispatchResult]:
+    """Dispatch many tasks of one type, one Redis round trip per chunk; see ``tasks.bulk.dispatch_many``."""
+    from tasks.bulk import dispatch_many as run  # inner import: tasks.bulk builds on this module
+
+    return run(task_type, items, timeout=timeout, metadata=metadata)
+
+
+#: The options a caller may give one dispatch (``admit``'s public keyword arguments), by name and in bulk items.
+DISPATCH_OPTIONS = frozenset(
+    name for name, param in inspect.signature(admit).parameters.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY and not name.startswith("_")
+)
+
+
 class DispatchTask(Task):
     """``delay``/``apply_async`` run admission here, in the caller, instead of publishing."""
 
@@ -235,8 +297,7 @@ class DispatchTask(Task):
 @shared_task(base=DispatchTask, name="tasks.dispatch", typing=False)
 def dispatch(task_type: Any = None, payload: Any = None, **options: Any) -> dict[str, Any]:
     """Run by an ``ingress`` worker for callers that send ``tasks.dispatch`` by name."""
-    allowed = {"chat_id", "priority", "idempotency_key", "timeout", "metadata", "limit_key"}
-    unknown = sorted(set(options) - allowed)
+    unknown = sorted(set(options) - DISPATCH_OPTIONS)
     if unknown:
         return DispatchResult(False, reason="invalid_payload", detail=f"unknown dispatch options: {unknown}").as_dict()
     return admit(task_type, payload, **options).as_dict()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
 
 from lanes import keys
-from lanes.lua.loader import call
+from lanes.lua.loader import call, call_many
 
 NAME = "admit"
 
@@ -29,10 +30,44 @@ def admit(
     task reported accepted; else ``lanes.lua.loader.ReplicaAcksMissing`` (a
     ``RedisError``: dispatch answers ``unavailable``, outcome unknown).
     """
+    return call(
+        NAME, *_keys_and_args(
+            version=version, now=now, task_id=task_id, message=message, kombu_priority=kombu_priority, lane=lane,
+            task_type=task_type, accepting=accepting, capacity=capacity, chat=chat, chat_queue_size=chat_queue_size,
+            idempotency_key=idempotency_key, payload_digest=payload_digest,
+            idempotency_window_s=idempotency_window_s, queued_lease_ms=queued_lease_ms,
+            replace_idempotency=replace_idempotency, deadline=deadline, limits=limits,
+        ),
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=reports_a_task,
+    )
+
+
+def admit_many(calls: Sequence[dict[str, Any]]) -> list[Any]:
+    """Run admit.lua once per item of ``calls`` (each ``admit``'s keyword arguments), all in one round trip.
+
+    Returns one entry per call, in order: admit.lua's reply, or the
+    ``RedisError`` that call met (``lanes.lua.loader.call_many``). The scripts
+    run one after another, as separate ``admit`` calls would: a later item sees
+    what an earlier one wrote (its idempotency key, its place in the lane).
+    """
+    return call_many(
+        NAME, [_keys_and_args(**kwargs) for kwargs in calls],
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=reports_a_task,
+    )
+
+
+def _keys_and_args(
+    *, version: str, now: float, task_id: str, message: str, kombu_priority: int, lane: str, task_type: str,
+    accepting: bool, capacity: int, chat: str, chat_queue_size: int, idempotency_key: str, payload_digest: str,
+    idempotency_window_s: int, queued_lease_ms: int, replace_idempotency: bool, deadline: float,
+    limits: tuple[str, ...] = (),
+) -> tuple[list[Any], list[Any]]:
+    """admit.lua's KEYS and ARGV, in the order its header gives."""
     minute = int(now // 60)
     record = keys.task_record(task_id, chat or None)
-    return call(
-        NAME,
+    return (
         [
             keys.CONFIG_VERSION, record, keys.LEASES,
             keys.idempotency(task_type, idempotency_key) if idempotency_key else record,
@@ -49,8 +84,6 @@ def admit(
             lane, task_type, "1" if replace_idempotency else "0", int(deadline * 1000),
             "\n".join(limits), keys.LIMIT_PREFIX, keys.LANE_PREFIX,
         ],
-        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
-        wait_if=reports_a_task,
     )
 
 

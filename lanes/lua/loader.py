@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from lanes.redis_client import get_redis
 
@@ -88,5 +88,75 @@ def call(name: str, keys: Sequence[Any], args: Sequence[Any], directory: Path | 
             if confirmed < replicas:
                 raise ReplicaAcksMissing(replicas, confirmed, replicas_timeout_ms)
         return reply
+    finally:
+        pool.release(conn)
+
+
+def call_many(name: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]], directory: Path | None = None, *,
+              replicas: int = 0, replicas_timeout_ms: int = 0,
+              wait_if: Callable[[Any], bool] | None = None) -> list[Any]:
+    """Run script ``name`` once per ``(keys, args)`` of ``calls``, all in one round trip; never raises.
+
+    The calls are pipelined on one connection (no transaction: Redis runs each
+    script alone, one after another, in order). Returns one entry per call: its
+    reply, or the ``RedisError`` it met: a ``ResponseError`` of that call alone
+    (the others stand), or the connection's error for that call and every later
+    one, whose outcome is then unknown (sent, perhaps run, unanswered). An
+    error while connecting or sending is every call's. ``NOSCRIPT`` answers
+    (the script was never run) are sent again by ``EVAL``, in a second round
+    trip that happens once per server. ``replicas`` > 0: one ``WAIT`` after
+    them all, when some reply passes ``wait_if``; too few confirmations make
+    each such reply ``ReplicaAcksMissing``.
+    """
+    count = len(calls)
+    if not count:
+        return []
+    try:
+        found = script(name, directory)
+        pool = found.registered_client.connection_pool  # type: ignore[union-attr]  # never a cluster client here
+        conn = pool.get_connection()
+    except RedisError as exc:
+        return [exc] * count
+    replies: list[Any] = [None] * count
+    try:
+        todo = list(range(count))
+        for command, body in (("EVALSHA", found.sha), ("EVAL", found.script)):
+            try:
+                conn.send_packed_command(conn.pack_commands(
+                    [(command, body, len(calls[i][0]), *calls[i][0], *calls[i][1]) for i in todo]))
+            except RedisError as exc:
+                for i in todo:
+                    replies[i] = exc
+                return replies
+            missing = []
+            for n, i in enumerate(todo):
+                try:
+                    replies[i] = conn.read_response()
+                except NoScriptError:
+                    missing.append(i)
+                except ResponseError as exc:
+                    replies[i] = exc
+                except RedisError as exc:  # the connection broke (redis-py dropped it): the rest are unknown
+                    for j in todo[n:]:
+                        replies[j] = exc
+                    return replies
+            if not missing:
+                break
+            todo = missing
+        if replicas > 0:
+            waiting = [i for i, reply in enumerate(replies)
+                       if not isinstance(reply, RedisError) and (wait_if is None or wait_if(reply))]
+            if waiting:
+                try:
+                    conn.send_command("WAIT", replicas, replicas_timeout_ms)
+                    confirmed = int(conn.read_response())
+                except RedisError as exc:
+                    for i in waiting:
+                        replies[i] = exc
+                    return replies
+                if confirmed < replicas:
+                    for i in waiting:
+                        replies[i] = ReplicaAcksMissing(replicas, confirmed, replicas_timeout_ms)
+        return replies
     finally:
         pool.release(conn)

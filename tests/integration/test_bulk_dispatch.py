@@ -1,0 +1,183 @@
+"""``dispatch_many`` (issue 16, bulk dispatch) against the real Redis and real workers.
+
+Each item is judged on its own and answered in input order; a chunk of items
+costs one round trip; an answer lost with Redis is "outcome unknown", and a
+retry with the same keys creates nothing twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+from django.test import override_settings
+
+from tests.support.helpers import define, lane_depth, unique, wait_until
+
+
+def _ran(sink) -> dict[str, int]:
+    """Task id -> successful deliveries the sink saw."""
+    counts: dict[str, int] = {}
+    with sink.sink.lock:
+        for attempt in sink.sink.attempts:
+            if attempt.status == 200:
+                task_id = attempt.headers.get("X-Dispatch-Task-Id", "")
+                counts[task_id] = counts.get(task_id, 0) + 1
+    return counts
+
+
+def test_a_mixed_batch_answers_each_item_in_order_and_runs_the_accepted_once(rc, sink, start_worker):
+    from tasks.dispatch import dispatch, dispatch_many
+
+    name, lane = unique("bulk-mix"), unique("l-bulk-mix")
+    define(name, handler="http.post", lane=lane, capacity=6, options={"url": sink.url})
+    earlier = dispatch.delay(name, {"n": "pre"}, idempotency_key="k-pre")
+    assert earlier.accepted
+    items = [
+        ({"n": 0}, {"idempotency_key": "k0"}),                      # 0 accepted (lane: 2)
+        "not an object",                                            # 1 invalid_payload
+        ({"n": 2}, {"colour": "red"}),                              # 2 unknown option
+        ({"n": 3}, {"idempotency_key": "k3", "priority": 9}),       # 3 accepted (lane: 3)
+        ({"n": 3}, {"idempotency_key": "k3", "priority": 9}),       # 4 duplicate of item 3
+        ({"n": "pre"}, {"idempotency_key": "k-pre"}),               # 5 duplicate of the earlier dispatch
+        ({"n": 6}, {"priority": 42}),                               # 6 invalid_priority
+        ({"other": 7}, {"idempotency_key": "k3"}),                  # 7 same key, other payload
+        ({"n": 8}, {"idempotency_key": "k8", "timeout": 30}),       # 8 accepted (lane: 4)
+        [{"n": 9}, {"idempotency_key": "k9"}],                      # 9 a JSON-style pair: accepted (lane: 5)
+        ({"n": 10}, {"idempotency_key": "k10"}),                    # 10 accepted (lane: 6, full)
+        ({"n": 11}, {"idempotency_key": "k11"}),                    # 11 lane_full
+        ({"n": 12}, {"timeout": -1}),                               # 12 invalid_timeout
+        ({"n": 13}, {"idempotency_key": "k13"}),                    # 13 lane_full
+    ]
+    results = dispatch_many(name, items, timeout=60)
+
+    assert len(results) == len(items)
+    shape = [(r.accepted, r.reason, r.duplicate) for r in results]
+    assert shape == [
+        (True, None, False), (False, "invalid_payload", False), (False, "invalid_payload", False),
+        (True, None, False), (True, None, True), (True, None, True), (False, "invalid_priority", False),
+        (False, "idempotency_conflict", False), (True, None, False), (True, None, False), (True, None, False),
+        (False, "lane_full", False), (False, "invalid_timeout", False), (False, "lane_full", False),
+    ]
+    assert "colour" in results[2].detail
+    assert results[4].task_id == results[3].task_id
+    assert results[5].task_id == earlier.task_id
+    assert results[3].priority == 9 and results[0].priority == results[8].priority
+    assert lane_depth(rc, lane) == 6  # nothing beyond the capacity was stored
+
+    fresh = {results[i].task_id for i in (0, 3, 8, 9, 10)}
+    expected = fresh | {earlier.task_id}
+    start_worker(lane, pool="threads", concurrency=4)
+    wait_until(lambda: set(_ran(sink)) >= expected, timeout=60, interval=0.2, what="the accepted tasks ran")
+    wait_until(lambda: lane_depth(rc, lane) == 0, timeout=20, what="the lane drained")
+    ran = _ran(sink)
+    assert set(ran) == expected and all(n == 1 for n in ran.values()), ran
+
+
+def test_one_round_trip_per_chunk(rc, monkeypatch):
+    """Counted at the socket: sends that carry EVALSHA, and the EVALSHAs Redis executed."""
+    from redis.connection import AbstractConnection
+
+    from tasks import bulk
+    from tasks.dispatch import dispatch_many
+
+    name, lane = unique("bulk-rt"), unique("l-bulk-rt")
+    define(name, lane=lane)
+    dispatch_many(name, [{"warm": True}])  # the script is loaded, the config cached
+    monkeypatch.setattr(bulk, "CHUNK_ITEMS", 100)
+    sends: list[int] = []
+    real_send = AbstractConnection.send_packed_command
+
+    def counting_send(self, command, check_health=True):
+        chunks = [command] if isinstance(command, (bytes, str)) else command
+        evalshas = sum(bytes(c).count(b"\r\nEVALSHA\r\n") for c in chunks if isinstance(c, (bytes, memoryview)))
+        if evalshas:
+            sends.append(evalshas)
+        return real_send(self, command, check_health)
+
+    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting_send)
+    before = int(rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    results = dispatch_many(name, [{"i": i} for i in range(250)])
+    after = int(rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+    assert all(r.accepted for r in results)
+    assert sends == [100, 100, 50]  # three round trips, each carrying its chunk's scripts
+    assert after - before >= 250
+    assert lane_depth(rc, lane) == 251
+
+
+@pytest.fixture
+def fast_failing_redis():
+    """The platform's client with a 1 s timeout (dispatch answers ``unavailable`` quickly)."""
+    from lanes.redis_client import reset_redis
+
+    with override_settings(DISPATCH_REDIS_TIMEOUT_S=1.0):
+        reset_redis()
+        yield
+    reset_redis()
+
+
+def test_an_unknown_outcome_then_a_retry_with_the_same_keys_creates_nothing_twice(
+        rc, sink, start_worker, redis_server, monkeypatch, fast_failing_redis):
+    """Redis is frozen (SIGSTOP, as the fault campaign does) just as the second chunk goes out."""
+    from tasks import bulk
+    from tasks.dispatch import dispatch_many
+
+    name, lane = unique("bulk-unk"), unique("l-bulk-unk")
+    define(name, handler="http.post", lane=lane, options={"url": sink.url})
+    monkeypatch.setattr(bulk, "CHUNK_ITEMS", 5)
+    items = [({"n": i}, {"idempotency_key": f"unk-{i}"}) for i in range(12)]
+    dispatch_many(name, [({"n": "warm"}, {"idempotency_key": "unk-warm"})])  # script loaded, config cached
+
+    real_many = bulk.lua_admit_many
+    calls = []
+
+    def freeze_before_second_chunk(script_calls):
+        calls.append(len(script_calls))
+        if len(calls) == 2:
+            os.kill(redis_server.proc.pid, signal.SIGSTOP)
+            threading.Timer(2.5, os.kill, (redis_server.proc.pid, signal.SIGCONT)).start()
+        return real_many(script_calls)
+
+    monkeypatch.setattr(bulk, "lua_admit_many", freeze_before_second_chunk)
+    try:
+        first = dispatch_many(name, items)
+    finally:
+        wait_until(lambda: _answers(rc), timeout=10, what="Redis answers again")
+    monkeypatch.setattr(bulk, "lua_admit_many", real_many)
+
+    assert calls == [5, 5, 2]
+    assert [r.accepted for r in first[:5]] == [True] * 5
+    assert [r.reason for r in first[5:10]] == ["unavailable"] * 5
+    assert all("outcome unknown" in r.detail for r in first[5:10]), first[5].detail
+    # The third chunk went out after the timeout, to a Redis still frozen or just thawed.
+    assert all(r.accepted or r.reason == "unavailable" for r in first[10:])
+
+    again = dispatch_many(name, items)
+    assert all(r.accepted for r in again), [r.detail for r in again if not r.accepted]
+    assert [r.task_id for r in again[:5]] == [r.task_id for r in first[:5]]
+    assert all(r.duplicate for r in again[:5])
+    for before, after in zip(first[10:], again[10:], strict=True):
+        if before.accepted:
+            assert after.duplicate and after.task_id == before.task_id
+    third = dispatch_many(name, items)
+    assert [r.task_id for r in third] == [r.task_id for r in again] and all(r.duplicate for r in third)
+
+    ids = {r.task_id for r in again}
+    assert len(ids) == 12
+    start_worker(lane, pool="threads", concurrency=4)
+    wait_until(lambda: set(_ran(sink)) >= ids, timeout=60, interval=0.2, what="every item ran")
+    wait_until(lambda: lane_depth(rc, lane) == 0, timeout=20, what="the lane drained")
+    ran = _ran(sink)
+    assert all(ran[task_id] == 1 for task_id in ids), ran
+    assert len(ran) == 13  # the twelve and the warm-up: nothing was created twice
+    assert all(n == 1 for key, n in sink.sink.applied.items() if key.startswith("unk-"))
+
+
+def _answers(client) -> bool:
+    try:
+        return bool(client.ping())
+    except Exception:  # noqa: BLE001 - still frozen
+        return False
