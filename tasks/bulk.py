@@ -23,16 +23,16 @@ from celery import shared_task
 
 from lanes.lua.admit import admit_many as lua_admit_many
 from tasks import config
-from tasks.dispatch import (
+from tasks.admission import (
     DISPATCH_OPTIONS,
     DispatchResult,
     Prepared,
-    _interpret,
-    _unavailable,
     config_kept_changing,
     confirm_config,
+    interpret,
     prepare,
     rejected_invalid,
+    unavailable,
 )
 from tasks.validation import Invalid, shown
 
@@ -62,7 +62,7 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
     try:
         snap = config.current()
     except redis.RedisError as exc:
-        return [_unavailable(exc, None) for _ in entries]
+        return [unavailable(exc, None) for _ in entries]
     for start in range(0, len(entries), CHUNK_ITEMS):
         snap = _admit_chunk(snap, task_type, entries, start, min(start + CHUNK_ITEMS, len(entries)), defaults,
                             results)
@@ -134,14 +134,14 @@ def _admit_chunk(snap: config.Snapshot, task_type: Any, entries: list[Any], star
         stale: set[int] = set()
         for (index, item), reply in zip(prepared, replies, strict=True):
             if isinstance(reply, redis.RedisError):
-                results[index] = _unavailable(reply, item.task_id)
+                results[index] = unavailable(reply, item.task_id)
                 continue
             status = reply[0].decode()
             if status == "stale":
                 stale.add(index)
                 stale_version = reply[1].decode()
                 continue
-            results[index] = _interpret(reply, status, item, snap.limits)
+            results[index] = interpret(reply, status, item, snap.limits)
         lost = [reply for reply in replies if isinstance(reply, redis.RedisError)]
         if lost:
             logger.warning("dispatch_many_unavailable type=%s items=%d error=%s", shown(task_type, 100), len(lost),
@@ -152,7 +152,7 @@ def _admit_chunk(snap: config.Snapshot, task_type: Any, entries: list[Any], star
             snap = config.ensure(stale_version)
         except redis.RedisError as exc:  # nothing of these was written: admit.lua stopped at the version
             for index in stale:
-                results[index] = _unavailable(exc, None)
+                results[index] = unavailable(exc, None)
             return snap
         pending = [entry for entry in pending if entry[0] in stale]
     for index, *_ in pending:
