@@ -87,17 +87,7 @@ def test_one_round_trip_per_chunk(rc, monkeypatch):
     define(name, lane=lane)
     dispatch_many(name, [{"warm": True}])  # the script is loaded, the config cached
     monkeypatch.setattr(bulk, "CHUNK_ITEMS", 100)
-    sends: list[int] = []
-    real_send = AbstractConnection.send_packed_command
-
-    def counting_send(self, command, check_health=True):
-        chunks = [command] if isinstance(command, (bytes, str)) else command
-        evalshas = sum(bytes(c).count(b"\r\nEVALSHA\r\n") for c in chunks if isinstance(c, (bytes, memoryview)))
-        if evalshas:
-            sends.append(evalshas)
-        return real_send(self, command, check_health)
-
-    monkeypatch.setattr(AbstractConnection, "send_packed_command", counting_send)
+    sends = _count_evalsha_sends(monkeypatch, AbstractConnection)
     before = int(rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
     results = dispatch_many(name, [{"i": i} for i in range(250)])
     after = int(rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
@@ -181,3 +171,93 @@ def _answers(client) -> bool:
         return bool(client.ping())
     except Exception:  # noqa: BLE001 - still frozen
         return False
+
+
+def test_the_api_bulk_endpoint_sends_its_items_in_one_round_trip(monkeypatch):
+    from redis.connection import AbstractConnection
+
+    from tests.support.api_client import ApiClient, make_token
+
+    name = unique("bulk-api")
+    define(name, lane=unique("l-bulk-api"))
+    client = ApiClient(make_token(unique("svc"), [name]))
+    sends = _count_evalsha_sends(monkeypatch, AbstractConnection)
+    r = client.post("/dispatch/bulk", {"task_type": name, "items": [{"n": i} for i in range(20)] + ["bad"]})
+    assert r.status_code == 200, r.content
+    assert [x["accepted"] for x in r.json()["results"]] == [True] * 20 + [False]
+    assert max(sends) == 20  # one send carried every item's script (one round trip), not one send each
+
+
+def _count_evalsha_sends(monkeypatch, connection_class) -> list[int]:
+    """Record, per send on a Redis connection, how many EVALSHA commands it carried."""
+    sends: list[int] = []
+    real_send = connection_class.send_packed_command
+
+    def counting_send(self, command, check_health=True):
+        chunks = [command] if isinstance(command, (bytes, str)) else command
+        evalshas = sum(bytes(c).count(b"\r\nEVALSHA\r\n") for c in chunks if isinstance(c, (bytes, memoryview)))
+        if evalshas:
+            sends.append(evalshas)
+        return real_send(self, command, check_health)
+
+    monkeypatch.setattr(connection_class, "send_packed_command", counting_send)
+    return sends
+
+
+# --- manage.py dispatch TYPE --payloads-file FILE.jsonl --------------------------------------
+
+def _manage(*args: str, env: dict | None = None):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    return subprocess.run([sys.executable, "manage.py", *args], cwd=root, env={**os.environ, **(env or {})},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_payloads_file_judges_each_line_and_exits_by_the_worst(rc, tmp_path):
+    import json
+
+    name, lane = unique("bulk-cli"), unique("l-bulk-cli")
+    define(name, lane=lane)
+    lines = [
+        '{"n": 1}',                                                        # 1 accepted
+        '{"payload": {"n": 2}, "options": {"idempotency_key": "cli-2"}}',  # 2 accepted (wrapper)
+        '{"n": 3',                                                         # 3 not JSON
+        "",                                                                # 4 blank: skipped
+        '{"payload": {"n": 5}, "options": {"priority": 11}}',              # 5 invalid_priority
+        '[1, 2, 3]',                                                       # 6 a list is no payload
+        '{"payload": {"n": 2}, "options": {"idempotency_key": "cli-2"}}',  # 7 duplicate of line 2
+        '{"payload": {"n": 8}, "options": {"colour": "red"}}',             # 8 unknown option
+    ]
+    path = tmp_path / "items.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    results_path = tmp_path / "results.jsonl"
+    done = _manage("dispatch", name, "--payloads-file", str(path), "--results", str(results_path), "--priority", "7")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    summary = json.loads(done.stdout)
+    assert (summary["lines"], summary["accepted"], summary["duplicates"], summary["unavailable"]) == (7, 3, 1, 0)
+    assert summary["rejected"] == {"invalid_payload": 3, "invalid_priority": 1}
+    listed = {(x["line"], x["reason"]) for x in summary["rejections"]}
+    assert listed == {(3, "invalid_payload"), (5, "invalid_priority"), (6, "invalid_payload"), (8, "invalid_payload")}
+    assert "line 3 is not valid JSON" in next(x["detail"] for x in summary["rejections"] if x["line"] == 3)
+    written = [json.loads(line) for line in results_path.read_text().splitlines()]
+    assert [x["line"] for x in written] == [1, 2, 3, 5, 6, 7, 8]
+    assert written[0]["priority"] == 7 and written[5]["task_id"] == written[1]["task_id"]
+    assert lane_depth(rc, lane) == 2
+
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(5)))
+    done = _manage("dispatch", name, "--payloads-file", str(good))
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert json.loads(done.stdout)["accepted"] == 5
+
+    done = _manage("dispatch", name, "--payloads-file", str(good), "--idempotency-key", "k")
+    assert done.returncode == 2 and "--idempotency-key does not go with --payloads-file" in done.stderr
+    done = _manage("dispatch", name, "--payloads-file", str(tmp_path / "missing.jsonl"))
+    assert done.returncode == 2 and "missing.jsonl" in done.stderr
+
+    done = _manage("dispatch", name, "--payloads-file", str(good), env={"REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert done.returncode == 5, (done.stdout, done.stderr)
+    assert json.loads(done.stdout)["unavailable"] == 5
