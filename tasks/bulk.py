@@ -15,13 +15,18 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
 import redis
 from celery import shared_task
+from django.conf import settings
 
-from lanes.lua.admit import admit_many as lua_admit_many
+from lanes.lua.admit import keys_and_args as lua_keys_and_args
+from lanes.lua.admit import reports_a_task
+from lanes.lua.admit import stream as lua_stream
+from lanes.lua.loader import NotSent
 from tasks import config
 from tasks.admission import (
     DISPATCH_OPTIONS,
@@ -58,15 +63,21 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
     """
     entries = list(items)
     results: list[DispatchResult | None] = [None] * len(entries)
-    defaults = {"timeout": timeout, "metadata": metadata}
     try:
         snap = config.current()
     except redis.RedisError as exc:
         return [unavailable(exc, None) for _ in entries]
-    for start in range(0, len(entries), CHUNK_ITEMS):
-        snap = _admit_chunk(snap, task_type, entries, start, min(start + CHUNK_ITEMS, len(entries)), defaults,
-                            results)
-    return results  # type: ignore[return-value]  # every slot is filled by _admit_chunk
+    defaults = {"timeout": timeout, "metadata": metadata}
+    queue: deque[tuple[int, Any, dict[str, Any], str]] = deque()
+    for index, item in enumerate(entries):
+        try:
+            payload, options = split_item(item, defaults)
+        except Invalid as exc:
+            results[index] = rejected_invalid(snap, task_type, exc)
+            continue
+        queue.append((index, payload, options, str(uuid.uuid4())))
+    _Admission(task_type, snap, results).run(queue)
+    return results  # type: ignore[return-value]  # _Admission.run fills every slot left
 
 
 def split_item(item: Any, defaults: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
@@ -96,68 +107,106 @@ def split_item(item: Any, defaults: dict[str, Any]) -> tuple[Any, dict[str, Any]
     return payload, merged
 
 
-def _admit_chunk(snap: config.Snapshot, task_type: Any, entries: list[Any], start: int, stop: int,
-                 defaults: dict[str, Any], results: list[DispatchResult | None]) -> config.Snapshot:
-    """Admit ``entries[start:stop]`` into ``results``; returns the config snapshot it ended with."""
-    pending: list[tuple[int, Any, dict[str, Any], str]] = []
-    for index in range(start, stop):
-        try:
-            payload, options = split_item(entries[index], defaults)
-        except Invalid as exc:
-            results[index] = rejected_invalid(snap, task_type, exc)
-            continue
-        pending.append((index, payload, options, str(uuid.uuid4())))
-    confirmed = False
-    for _ in range(MAX_ROUNDS):
-        if not pending:
-            return snap
+class _Admission:
+    """The items of one ``dispatch_many`` call through admit.lua, a chunk per round trip.
+
+    Chunk N+1 is validated and sent before chunk N's replies are read, so the
+    caller's work overlaps Redis'; one connection keeps the items in order.
+    Replies are read into ``answered`` and turned into results only at the
+    end, once ``DISPATCH_REPLICA_ACKS`` replicas (if any) confirmed them all.
+    A 'stale' reply (an admin save landed mid-call) puts the items from there
+    on back at the front of the queue, to be judged again by the new config.
+    """
+
+    def __init__(self, task_type: Any, snap: config.Snapshot, results: list[DispatchResult | None]) -> None:
+        self.task_type, self.snap, self.results = task_type, snap, results
+        self.answered: list[tuple[int, Prepared, Any, dict]] = []
+        self.sent: deque[list[tuple[int, Prepared]]] = deque()
+        self.entries: dict[int, tuple[int, Any, dict[str, Any], str]] = {}
+        self.confirmed = False
+        self.rounds = 0
+
+    def run(self, queue: deque[tuple[int, Any, dict[str, Any], str]]) -> None:
+        self.entries = {entry[0]: entry for entry in queue}
+        with lua_stream() as stream:
+            while queue or self.sent:
+                if queue:
+                    chunk = [queue.popleft() for _ in range(min(CHUNK_ITEMS, len(queue)))]
+                    prepared = self._prepare(chunk, queue)
+                    if prepared:
+                        stream.send([lua_keys_and_args(**p.script_args) for _, p in prepared])
+                        self.sent.append(prepared)
+                # One chunk may wait in Redis while the next is prepared; past that, or at the end, read.
+                if len(self.sent) > 1 or (self.sent and not queue):
+                    stale = self._receive(stream)
+                    if stale:
+                        while self.sent:  # sent after the stale ones: answered on the old config, or stale too
+                            stale += self._receive(stream)
+                        self._requeue(stale, queue)
+            failed = stream.replicas_confirmed(settings.DISPATCH_REPLICA_ACKS,
+                                               settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS) \
+                if settings.DISPATCH_REPLICA_ACKS > 0 and any(
+                    not isinstance(reply, redis.RedisError) and reports_a_task(reply)
+                    for _, _, reply, _ in self.answered) else None
+        lost = 0
+        for index, item, reply, limits in self.answered:
+            if failed is not None and not isinstance(reply, redis.RedisError) and reports_a_task(reply):
+                reply = failed
+            if isinstance(reply, redis.RedisError):
+                sent = not isinstance(reply, NotSent)
+                self.results[index] = unavailable(reply if sent else reply.cause, item.task_id if sent else None)
+                lost += 1
+            else:
+                self.results[index] = interpret(reply, reply[0].decode(), item, limits)
+        if lost:
+            logger.warning("dispatch_many_unavailable type=%s items=%d", shown(self.task_type, 100), lost)
+
+    def _prepare(self, chunk: list[tuple[int, Any, dict[str, Any], str]],
+                 queue: deque) -> list[tuple[int, Prepared]]:
+        """Validate ``chunk`` against the config; rejections are final, the rest go to Redis."""
         prepared: list[tuple[int, Prepared]] = []
         invalid: list[tuple[int, Invalid]] = []
-        for index, payload, options, task_id in pending:
+        for index, payload, options, task_id in chunk:
             try:
-                prepared.append((index, prepare(snap, task_type, payload, task_id=task_id, **options)))
+                prepared.append((index, prepare(self.snap, self.task_type, payload, task_id=task_id, **options)))
             except Invalid as exc:
                 invalid.append((index, exc))
-        if invalid and not confirmed:
+        if invalid and not self.confirmed:
             # As in admit: a rejection may come from a cached config older than a fresh admin save.
-            confirmed = True
-            fresh = confirm_config(snap)
-            if fresh.version != snap.version:
-                snap = fresh
-                continue
+            self.confirmed = True
+            fresh = confirm_config(self.snap)
+            if fresh.version != self.snap.version:
+                self.snap = fresh
+                return self._prepare(chunk, queue)
         for index, exc in invalid:
-            results[index] = rejected_invalid(snap, task_type, exc)
-        if not prepared:
-            return snap
-        replies = lua_admit_many([p.script_args for _, p in prepared])
-        stale_version = ""
-        stale: set[int] = set()
-        for (index, item), reply in zip(prepared, replies, strict=True):
-            if isinstance(reply, redis.RedisError):
-                results[index] = unavailable(reply, item.task_id)
-                continue
-            status = reply[0].decode()
-            if status == "stale":
-                stale.add(index)
-                stale_version = reply[1].decode()
-                continue
-            results[index] = interpret(reply, status, item, snap.limits)
-        lost = [reply for reply in replies if isinstance(reply, redis.RedisError)]
-        if lost:
-            logger.warning("dispatch_many_unavailable type=%s items=%d error=%s", shown(task_type, 100), len(lost),
-                           lost[-1])
-        if not stale:
-            return snap
+            self.results[index] = rejected_invalid(self.snap, self.task_type, exc)
+        return prepared
+
+    def _receive(self, stream: Any) -> list[tuple[int, str]]:
+        """Read the oldest chunk's replies; returns its 'stale' items (index, Redis' config version)."""
+        batch = self.sent.popleft()
+        stale: list[tuple[int, str]] = []
+        for (index, item), reply in zip(batch, stream.receive(), strict=True):
+            if not isinstance(reply, redis.RedisError) and reply[0] == b"stale":
+                stale.append((index, reply[1].decode()))
+            else:
+                self.answered.append((index, item, reply, self.snap.limits))
+        return stale
+
+    def _requeue(self, stale: list[tuple[int, str]], queue: deque) -> None:
+        """Put the stale items back at the front of ``queue``, in order, under the config Redis has now."""
+        self.rounds += 1
+        if self.rounds >= MAX_ROUNDS:
+            for index, _ in stale:
+                self.results[index] = config_kept_changing()
+            return
         try:
-            snap = config.ensure(stale_version)
+            self.snap = config.ensure(stale[-1][1])
         except redis.RedisError as exc:  # nothing of these was written: admit.lua stopped at the version
-            for index in stale:
-                results[index] = unavailable(exc, None)
-            return snap
-        pending = [entry for entry in pending if entry[0] in stale]
-    for index, *_ in pending:
-        results[index] = config_kept_changing()
-    return snap
+            for index, _ in stale:
+                self.results[index] = unavailable(exc, None)
+            return
+        queue.extendleft(self.entries[index] for index, _ in reversed(stale))
 
 
 @shared_task(name="tasks.dispatch_many", typing=False)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
 
 from lanes import keys
-from lanes.lua.loader import call, call_many
+from lanes.lua.loader import ScriptStream, call
 
 NAME = "admit"
 
@@ -31,7 +30,7 @@ def admit(
     ``RedisError``: dispatch answers ``unavailable``, outcome unknown).
     """
     return call(
-        NAME, *_keys_and_args(
+        NAME, *keys_and_args(
             version=version, now=now, task_id=task_id, message=message, kombu_priority=kombu_priority, lane=lane,
             task_type=task_type, accepting=accepting, capacity=capacity, chat=chat, chat_queue_size=chat_queue_size,
             idempotency_key=idempotency_key, payload_digest=payload_digest,
@@ -43,22 +42,12 @@ def admit(
     )
 
 
-def admit_many(calls: Sequence[dict[str, Any]]) -> list[Any]:
-    """Run admit.lua once per item of ``calls`` (each ``admit``'s keyword arguments), all in one round trip.
-
-    Returns one entry per call, in order: admit.lua's reply, or the
-    ``RedisError`` that call met (``lanes.lua.loader.call_many``). The scripts
-    run one after another, as separate ``admit`` calls would: a later item sees
-    what an earlier one wrote (its idempotency key, its place in the lane).
-    """
-    return call_many(
-        NAME, [_keys_and_args(**kwargs) for kwargs in calls],
-        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
-        wait_if=reports_a_task,
-    )
+def stream() -> ScriptStream:
+    """A ``ScriptStream`` of admit.lua calls (``keys_and_args`` of each): many admissions, one round trip a batch."""
+    return ScriptStream(NAME)
 
 
-def _keys_and_args(
+def keys_and_args(
     *, version: str, now: float, task_id: str, message: str, kombu_priority: int, lane: str, task_type: str,
     accepting: bool, capacity: int, chat: str, chat_queue_size: int, idempotency_key: str, payload_digest: str,
     idempotency_window_s: int, queued_lease_ms: int, replace_idempotency: bool, deadline: float,

@@ -92,71 +92,121 @@ def call(name: str, keys: Sequence[Any], args: Sequence[Any], directory: Path | 
         pool.release(conn)
 
 
-def call_many(name: str, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]], directory: Path | None = None, *,
-              replicas: int = 0, replicas_timeout_ms: int = 0,
-              wait_if: Callable[[Any], bool] | None = None) -> list[Any]:
-    """Run script ``name`` once per ``(keys, args)`` of ``calls``, all in one round trip; never raises.
+class NotSent(RedisError):
+    """A call never sent: the connection had failed before (``cause``). Nothing of it was written."""
 
-    The calls are pipelined on one connection (no transaction: Redis runs each
-    script alone, one after another, in order). Returns one entry per call: its
-    reply, or the ``RedisError`` it met: a ``ResponseError`` of that call alone
-    (the others stand), or the connection's error for that call and every later
-    one, whose outcome is then unknown (sent, perhaps run, unanswered). An
-    error while connecting or sending is every call's. ``NOSCRIPT`` answers
-    (the script was never run) are sent again by ``EVAL``, in a second round
-    trip that happens once per server. ``replicas`` > 0: one ``WAIT`` after
-    them all, when some reply passes ``wait_if``; too few confirmations make
-    each such reply ``ReplicaAcksMissing``.
+    def __init__(self, cause: RedisError) -> None:
+        super().__init__(f"not sent: {cause}")
+        self.cause = cause
+
+
+class ScriptStream:
+    """Batches of calls of one script, sent on one connection with the next batch sent before the last is read.
+
+    So the caller prepares batch N+1 while Redis runs batch N: one round trip
+    per batch, and the caller's work overlaps Redis'. One connection keeps the
+    order: Redis runs the calls in the order they were sent. The first batch
+    carries ``SCRIPT LOAD`` ahead of its calls (same round trip), so a server
+    that lost the script (restart, ``SCRIPT FLUSH``) has it again. Never raises:
+    ``receive`` gives each call its reply or the ``RedisError`` it met (a
+    ``ResponseError`` of that call alone; the connection's error for every call
+    not yet answered, in this batch and those sent after it: their outcome is
+    unknown; ``NotSent`` for the calls of a batch not sent because the
+    connection had failed: nothing of them was written). Use as a context
+    manager; ``replicas_confirmed`` then ``WAIT``s once for every write.
     """
-    count = len(calls)
-    if not count:
-        return []
-    try:
-        found = script(name, directory)
-        pool = found.registered_client.connection_pool  # type: ignore[union-attr]  # never a cluster client here
-        conn = pool.get_connection()
-    except RedisError as exc:
-        return [exc] * count
-    replies: list[Any] = [None] * count
-    try:
-        todo = list(range(count))
-        for command, body in (("EVALSHA", found.sha), ("EVAL", found.script)):
+
+    def __init__(self, name: str, directory: Path | None = None) -> None:
+        self.name, self.directory = name, directory
+        self._conn: Any = None
+        self._pool: Any = None
+        self._error: RedisError | None = None
+        self._loaded = False
+        self._in_flight: list[tuple[int, bool, bool]] = []  # (calls, SCRIPT LOAD reply first, sent) a batch
+
+    def __enter__(self) -> ScriptStream:
+        try:
+            found = script(self.name, self.directory)
+            self._sha, self._source = found.sha, found.script
+            self._pool = found.registered_client.connection_pool  # type: ignore[union-attr]
+            self._conn = self._pool.get_connection()
+        except RedisError as exc:
+            self._error = NotSent(exc)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._conn is not None:
+            if self._in_flight or self._error is not None:  # replies left unread: the connection is out of step
+                self._conn.disconnect()
+            self._pool.release(self._conn)
+            self._conn = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> None:
+        """Send one batch (``(keys, args)`` per call); its replies come from a later ``receive``."""
+        load = not self._loaded
+        sent = self._error is None
+        if sent:
+            commands = [("SCRIPT", "LOAD", self._source)] if load else []
+            commands += [("EVALSHA", self._sha, len(keys), *keys, *args) for keys, args in calls]
             try:
-                conn.send_packed_command(conn.pack_commands(
-                    [(command, body, len(calls[i][0]), *calls[i][0], *calls[i][1]) for i in todo]))
-            except RedisError as exc:
-                for i in todo:
-                    replies[i] = exc
-                return replies
-            missing = []
-            for n, i in enumerate(todo):
+                # No health check (a PING read) while replies are pending: it would read one of theirs.
+                self._conn.send_packed_command(_pack(self._conn, commands), check_health=not self._in_flight)
+                self._loaded = True
+            except RedisError as exc:  # part may have gone out: unknown, like an unanswered call
+                self._error = exc
+        self._in_flight.append((len(calls), load and self._loaded, sent))
+
+    def receive(self) -> list[Any]:
+        """The replies of the oldest batch sent and not yet received, in order."""
+        count, load, sent = self._in_flight.pop(0)
+        if self._error is not None:
+            error = self._error
+            if not sent and not isinstance(error, NotSent):
+                error = NotSent(error)
+            return [error] * count
+        replies: list[Any] = []
+        try:
+            if load:
                 try:
-                    replies[i] = conn.read_response()
-                except NoScriptError:
-                    missing.append(i)
+                    self._conn.read_response()
+                except ResponseError:  # the calls then answer NOSCRIPT, each its own error
+                    pass
+            while len(replies) < count:
+                try:
+                    replies.append(self._conn.read_response())
                 except ResponseError as exc:
-                    replies[i] = exc
-                except RedisError as exc:  # the connection broke (redis-py dropped it): the rest are unknown
-                    for j in todo[n:]:
-                        replies[j] = exc
-                    return replies
-            if not missing:
-                break
-            todo = missing
-        if replicas > 0:
-            waiting = [i for i, reply in enumerate(replies)
-                       if not isinstance(reply, RedisError) and (wait_if is None or wait_if(reply))]
-            if waiting:
-                try:
-                    conn.send_command("WAIT", replicas, replicas_timeout_ms)
-                    confirmed = int(conn.read_response())
-                except RedisError as exc:
-                    for i in waiting:
-                        replies[i] = exc
-                    return replies
-                if confirmed < replicas:
-                    for i in waiting:
-                        replies[i] = ReplicaAcksMissing(replicas, confirmed, replicas_timeout_ms)
+                    replies.append(exc)
+        except RedisError as exc:  # the connection broke (redis-py dropped it): the rest are unknown
+            self._error = exc
+            replies += [exc] * (count - len(replies))
         return replies
-    finally:
-        pool.release(conn)
+
+    def replicas_confirmed(self, replicas: int, timeout_ms: int) -> RedisError | None:
+        """``WAIT replicas timeout_ms`` for every write sent so far; None when enough replicas hold them."""
+        if self._error is not None:
+            return self._error
+        try:
+            self._conn.send_command("WAIT", replicas, timeout_ms)
+            confirmed = int(self._conn.read_response())
+        except RedisError as exc:
+            self._error = exc
+            return exc
+        return None if confirmed >= replicas else ReplicaAcksMissing(replicas, confirmed, timeout_ms)
+
+
+def _pack(conn: Any, commands: list[tuple[Any, ...]]) -> Any:
+    """The commands in Redis' protocol; with hiredis, one C call each (redis-py's packing costs more than
+    preparing a dispatch)."""
+    if _pack_command is None:
+        return conn.pack_commands(commands)
+    return [b"".join(_pack_command(command) for command in commands)]
+
+
+try:
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - hiredis is in requirements.txt; redis-py's own packing serves without it
+    _pack_command = None
