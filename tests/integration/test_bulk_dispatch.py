@@ -264,3 +264,43 @@ def test_cli_payloads_file_judges_each_line_and_exits_by_the_worst(rc, tmp_path)
     done = _manage("dispatch", name, "--payloads-file", str(good), env={"REDIS_URL": "redis://127.0.0.1:1/0"})
     assert done.returncode == 5, (done.stdout, done.stderr)
     assert json.loads(done.stdout)["unavailable"] == 5
+
+
+def test_a_config_change_mid_call_requeues_the_rest_in_order(rc, monkeypatch):
+    """admit.lua answers 'stale' from the second chunk on: those items are judged again, in order."""
+    from lanes.config_version import bump_config_version
+    from lanes.lua.loader import ScriptStream
+    from tasks import bulk
+    from tasks.dispatch import dispatch_many
+
+    name, lane = unique("bulk-stale"), unique("l-bulk-stale")
+    define(name, lane=lane, chat_scoped=True, chat_queue_size=100)
+    dispatch_many(name, [({"warm": 1}, {"chat_id": "warm"})])
+    monkeypatch.setattr(bulk, "CHUNK_ITEMS", 4)
+    real_send = ScriptStream.send
+    sent: list[int] = []
+
+    def bump_after_the_first_chunk(stream, calls):
+        sent.append(len(calls))
+        if len(sent) == 2:
+            bump_config_version()
+        return real_send(stream, calls)
+
+    monkeypatch.setattr(ScriptStream, "send", bump_after_the_first_chunk)
+    results = dispatch_many(name, [({"seq": i}, {"chat_id": "stale-chat"}) for i in range(10)])
+    assert all(r.accepted for r in results), [r.detail for r in results if not r.accepted]
+    assert [r.position for r in results] == list(range(1, 11))  # the chat's order is the input's
+    assert sent[:2] == [4, 4] and sum(sent) > 10  # the stale items went again
+
+
+def test_too_few_replica_acks_make_every_accepted_item_unknown(rc):
+    from django.test import override_settings
+
+    from tasks.dispatch import dispatch_many
+
+    name = unique("bulk-acks")
+    define(name, lane=unique("l-bulk-acks"))
+    with override_settings(DISPATCH_REPLICA_ACKS=1, DISPATCH_REPLICA_ACKS_TIMEOUT_MS=50):
+        results = dispatch_many(name, [{"n": 1}, "bad", {"n": 2}])
+    assert [r.reason for r in results] == ["unavailable", "invalid_payload", "unavailable"]
+    assert "0 of 1 replicas confirmed" in results[0].detail and "outcome unknown" in results[0].detail
