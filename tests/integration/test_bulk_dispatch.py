@@ -304,3 +304,16 @@ def test_too_few_replica_acks_make_every_accepted_item_unknown(rc):
         results = dispatch_many(name, [{"n": 1}, "bad", {"n": 2}])
     assert [r.reason for r in results] == ["unavailable", "invalid_payload", "unavailable"]
     assert "0 of 1 replicas confirmed" in results[0].detail and "outcome unknown" in results[0].detail
+
+
+def test_bulkbench_prints_both_modes_and_their_round_trips():
+    """The benchmark's figure stays printable (a count, never a time, is asserted)."""
+    import json
+
+    done = _manage("bulkbench", "--items", "120", "--rounds", "1", "--warmup", "10", "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {row["mode"]: row for row in json.loads(done.stdout)["rows"]}
+    assert set(rows) == {"loop", "dispatch_many"}
+    assert rows["loop"]["redis_round_trips_per_item"] >= 1
+    assert rows["dispatch_many"]["redis_round_trips_per_item"] < 0.1  # 120 items: one chunk
+    assert rows["loop"]["rejected"] == rows["dispatch_many"]["rejected"] == 0
