@@ -132,7 +132,16 @@ class _Admission:
             while queue or self.sent:
                 if queue:
                     chunk = [queue.popleft() for _ in range(min(CHUNK_ITEMS, len(queue)))]
+                    version = self.snap.version
                     prepared = self._prepare(chunk, queue)
+                    if self.snap.version != version and self.sent:
+                        # Validation met a newer config: the chunks in flight went out under the old one. Those
+                        # that come back stale must be admitted before this chunk, as they come before it.
+                        stale = self._drain(stream)
+                        if stale:
+                            queue.extendleft(self.entries[index] for index, _ in reversed(prepared))
+                            self._requeue(stale, queue)
+                            continue
                     if prepared:
                         stream.send([lua_keys_and_args(**p.script_args) for _, p in prepared])
                         self.sent.append(prepared)
@@ -140,9 +149,7 @@ class _Admission:
                 if len(self.sent) > 1 or (self.sent and not queue):
                     stale = self._receive(stream)
                     if stale:
-                        while self.sent:  # sent after the stale ones: answered on the old config, or stale too
-                            stale += self._receive(stream)
-                        self._requeue(stale, queue)
+                        self._requeue(stale + self._drain(stream), queue)
             failed = stream.replicas_confirmed(settings.DISPATCH_REPLICA_ACKS,
                                                settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS) \
                 if settings.DISPATCH_REPLICA_ACKS > 0 and any(
@@ -191,6 +198,14 @@ class _Admission:
                 stale.append((index, reply[1].decode()))
             else:
                 self.answered.append((index, item, reply, self.snap.limits))
+        return stale
+
+    def _drain(self, stream: Any) -> list[tuple[int, str]]:
+        """Read every chunk in flight; returns their stale items, in order (once one is stale, all after it are:
+        Redis' config version only moves forward)."""
+        stale: list[tuple[int, str]] = []
+        while self.sent:
+            stale += self._receive(stream)
         return stale
 
     def _requeue(self, stale: list[tuple[int, str]], queue: deque) -> None:

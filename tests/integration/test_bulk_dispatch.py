@@ -317,3 +317,32 @@ def test_bulkbench_prints_both_modes_and_their_round_trips():
     assert rows["loop"]["redis_round_trips_per_item"] >= 1
     assert rows["dispatch_many"]["redis_round_trips_per_item"] < 0.1  # 120 items: one chunk
     assert rows["loop"]["rejected"] == rows["dispatch_many"]["rejected"] == 0
+
+
+def test_a_config_change_seen_by_validation_keeps_the_chunks_in_flight_ahead(rc, monkeypatch):
+    """Chunk 1 goes out under a config that just changed; chunk 2's invalid item makes validation see the
+    change: chunk 1 comes back stale and must still be admitted before chunk 2 (a chat's order)."""
+    from lanes.config_version import bump_config_version
+    from lanes.lua.loader import ScriptStream
+    from tasks import bulk
+    from tasks.dispatch import dispatch_many
+
+    name, lane = unique("bulk-stale2"), unique("l-bulk-stale2")
+    define(name, lane=lane, chat_scoped=True, chat_queue_size=100)
+    dispatch_many(name, [({"warm": 1}, {"chat_id": "warm"})])
+    monkeypatch.setattr(bulk, "CHUNK_ITEMS", 4)
+    real_send = ScriptStream.send
+    sent: list[int] = []
+
+    def bump_before_the_first_chunk(stream, calls):
+        sent.append(len(calls))
+        if len(sent) == 1:
+            bump_config_version()
+        return real_send(stream, calls)
+
+    monkeypatch.setattr(ScriptStream, "send", bump_before_the_first_chunk)
+    items = [({"seq": i}, {"chat_id": "stale-chat-2"}) for i in range(8)]
+    items[5] = ({"seq": 5}, {"chat_id": "stale-chat-2", "priority": 99})  # invalid: validation confirms the config
+    results = dispatch_many(name, items)
+    assert [r.reason for r in results] == [None] * 5 + ["invalid_priority"] + [None] * 2
+    assert [r.position for r in results if r.accepted] == list(range(1, 8))  # the chat's order is the input's
