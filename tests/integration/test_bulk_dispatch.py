@@ -346,3 +346,19 @@ def test_a_config_change_seen_by_validation_keeps_the_chunks_in_flight_ahead(rc,
     results = dispatch_many(name, items)
     assert [r.reason for r in results] == [None] * 5 + ["invalid_priority"] + [None] * 2
     assert [r.position for r in results if r.accepted] == list(range(1, 8))  # the chat's order is the input's
+
+
+def test_dispatch_many_by_name_answers_a_dict_per_item(rc):
+    """``tasks.dispatch_many`` as an ingress worker runs it for a caller sending it by name (pairs as JSON lists)."""
+    from tasks.bulk import dispatch_many_by_name
+
+    name = unique("bulk-name")
+    define(name, lane=unique("l-bulk-name"))
+    answers = dispatch_many_by_name(name, [{"n": 1}, [{"n": 2}, {"priority": 3}], [{"n": 3}, {"nope": 1}]],
+                                    timeout=30)
+    assert [(a["accepted"], a["reason"]) for a in answers] == [(True, None), (True, None), (False, "invalid_payload")]
+    assert answers[1]["priority"] == 3
+    (only,) = dispatch_many_by_name(name, {"n": 1})
+    assert only["reason"] == "invalid_payload" and "items must be a list" in only["detail"]
+    refused = dispatch_many_by_name(name, [{"n": 1}, {"n": 2}], chat_id="c")
+    assert [a["reason"] for a in refused] == ["invalid_payload"] * 2 and "chat_id" in refused[0]["detail"]
