@@ -133,7 +133,7 @@ class _Admission:
                 if queue:
                     chunk = [queue.popleft() for _ in range(min(CHUNK_ITEMS, len(queue)))]
                     version = self.snap.version
-                    prepared = self._prepare(chunk, queue)
+                    prepared = self._prepare(chunk)
                     if self.snap.version != version and self.sent:
                         # Validation met a newer config: the chunks in flight went out under the old one. Those
                         # that come back stale must be admitted before this chunk, as they come before it.
@@ -168,8 +168,7 @@ class _Admission:
         if lost:
             logger.warning("dispatch_many_unavailable type=%s items=%d", shown(self.task_type, 100), lost)
 
-    def _prepare(self, chunk: list[tuple[int, Any, dict[str, Any], str]],
-                 queue: deque) -> list[tuple[int, Prepared]]:
+    def _prepare(self, chunk: list[tuple[int, Any, dict[str, Any], str]]) -> list[tuple[int, Prepared]]:
         """Validate ``chunk`` against the config; rejections are final, the rest go to Redis."""
         prepared: list[tuple[int, Prepared]] = []
         invalid: list[tuple[int, Invalid]] = []
@@ -184,7 +183,7 @@ class _Admission:
             fresh = confirm_config(self.snap)
             if fresh.version != self.snap.version:
                 self.snap = fresh
-                return self._prepare(chunk, queue)
+                return self._prepare(chunk)
         for index, exc in invalid:
             self.results[index] = rejected_invalid(self.snap, self.task_type, exc)
         return prepared

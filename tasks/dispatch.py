@@ -4,7 +4,8 @@
 or a full queue: it returns a ``DispatchResult`` whose ``reason`` says why it
 was not accepted. Services that do not import this code send the same call by
 name (``app.send_task("tasks.dispatch", ...)``); a worker on the ``ingress``
-queue runs the same admission for them.
+queue runs the same admission for them. ``dispatch_many(type, items)``
+(``tasks.bulk``) admits many items of one type, one round trip per chunk.
 """
 
 from __future__ import annotations
