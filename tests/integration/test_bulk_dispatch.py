@@ -219,8 +219,13 @@ def _manage(*args: str, env: dict | None = None):
                           capture_output=True, text=True, timeout=120)
 
 
-def test_cli_payloads_file_judges_each_line_and_exits_by_the_worst(rc, tmp_path):
+def test_cli_payloads_file_judges_each_line_and_exits_by_the_worst(rc, tmp_path, monkeypatch):
+    import io
     import json
+
+    from django.core.management import CommandError, call_command
+
+    from tasks import bulk
 
     name, lane = unique("bulk-cli"), unique("l-bulk-cli")
     define(name, lane=lane)
@@ -252,14 +257,17 @@ def test_cli_payloads_file_judges_each_line_and_exits_by_the_worst(rc, tmp_path)
 
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps({"n": i}) + "\n" for i in range(5)))
-    done = _manage("dispatch", name, "--payloads-file", str(good))
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    assert json.loads(done.stdout)["accepted"] == 5
-
-    done = _manage("dispatch", name, "--payloads-file", str(good), "--idempotency-key", "k")
-    assert done.returncode == 2 and "--idempotency-key does not go with --payloads-file" in done.stderr
-    done = _manage("dispatch", name, "--payloads-file", str(tmp_path / "missing.jsonl"))
-    assert done.returncode == 2 and "missing.jsonl" in done.stderr
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(bulk, "CHUNK_ITEMS", 2)  # a "long" file: a progress line per chunk
+    call_command("dispatch", name, "--payloads-file", str(good), stdout=out, stderr=err)  # no SystemExit: 0
+    assert json.loads(out.getvalue())["accepted"] == 5
+    assert err.getvalue().splitlines() == [f"{n} lines: {n} accepted, 0 rejected, 0 unavailable" for n in (2, 4, 5)]
+    with pytest.raises(CommandError, match="--idempotency-key does not go with --payloads-file") as refused:
+        call_command("dispatch", name, "--payloads-file", str(good), "--idempotency-key", "k")
+    assert refused.value.returncode == 2
+    with pytest.raises(CommandError, match=r"missing\.jsonl") as refused:
+        call_command("dispatch", name, "--payloads-file", str(tmp_path / "missing.jsonl"))
+    assert refused.value.returncode == 2
 
     done = _manage("dispatch", name, "--payloads-file", str(good), env={"REDIS_URL": "redis://127.0.0.1:1/0"})
     assert done.returncode == 5, (done.stdout, done.stderr)
