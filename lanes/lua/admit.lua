@@ -23,11 +23,17 @@
 --   names no limits: then nothing below touches a limit key), ARGV[18] limits key
 --   prefix (lanes.keys.LIMIT_PREFIX), ARGV[19] lane key prefix (lanes.keys.LANE_PREFIX)
 -- KEYS[26] the lane's count of tasks waiting on a limit (not read here since issue 16)
--- ARGV[20] '1' to read the lane's completions, handler seconds, paused flag and live
+-- ARGV[20] when the task is due, epoch ms ('0': now, the plain dispatch). A task
+--   sent for later (countdown / eta) is stored with st 'scheduled' and its due
+--   time in the record's ``eta`` field; runnable (not chat-scoped, or its chat's
+--   head) it waits in the lane's delayed set (KEYS[7], where retries wait) with a
+--   lease at due + queued lease, and promote.lua publishes it when due; behind its
+--   chat's head it waits in the chat's queue like any message (hand_over parks it).
+-- ARGV[21] '1' to read the lane's completions, handler seconds, paused flag and live
 --   consumers ('0': the caller has them from a recent call; they come back '')
 -- The depth is the lane's count of tasks not claimed yet (``<ARGV[19]><lane>:waiting``,
---   kept with the deadlines set: waiting_add in _lib.lua); KEYS[7], KEYS[26] and the lane
---   lists' lengths are no longer read (their LLENs were ten commands a dispatch).
+--   kept with the deadlines set: waiting_add in _lib.lua); KEYS[26] and the lane lists'
+--   lengths are no longer read (their LLENs were ten commands a dispatch).
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
 --   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
@@ -107,13 +113,25 @@ end
 -- Every task waiting in the lane is counted ahead, whatever its priority (an estimate's input).
 local ahead = depth
 local queue_key = KEYS[11 + tonumber(ARGV[5])]
--- An unlimited task that is its chat's head (or has no chat) is published right here:
--- publish_record's work, without reading back the record just written.
-local direct = publish and ARGV[17] == ''
+local due = tonumber(ARGV[20])
+-- An unlimited task due now that is its chat's head (or has no chat) is published right
+-- here: publish_record's work, without reading back the record just written.
+local direct = publish and ARGV[17] == '' and due <= 0
 local msg = ARGV[4]
 redis.call('HSET', KEYS[2], 'msg', msg, 'q', queue_key, 'lane', lane, 'type', ttype,
-  'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', direct and '1' or '0', 'dl', ARGV[16], 'own', '')
+  'st', due > 0 and 'scheduled' or 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id,
+  'pub', direct and '1' or '0', 'dl', ARGV[16], 'own', '')
 redis.call('ZADD', KEYS[23], tonumber(ARGV[16]), KEYS[2])  -- counted in the lane's waiting count above
+if due > 0 then
+  -- Sent for later (the plain path pays nothing for this): runnable now, it waits
+  -- in the delayed set; behind its chat's head, in the chat's queue (hand_over).
+  redis.call('HSET', KEYS[2], 'eta', ARGV[20], 'dq', KEYS[7])
+  if publish then
+    redis.call('ZADD', KEYS[7], due, KEYS[2])
+    redis.call('ZADD', KEYS[3], due + tonumber(ARGV[12]), KEYS[2])
+  end
+  publish = false
+end
 if ARGV[17] ~= '' then
   redis.call('HSET', KEYS[2], 'lim', ARGV[17], 'kp', ARGV[5])
   if publish then
@@ -142,9 +160,9 @@ if ARGV[17] ~= '' then
   end
 end
 -- The lane's completions, handler seconds, paused flag and live consumers: read only
--- when the caller has none fresh (ARGV[20] '1'); else '' and the caller uses what it read lately.
+-- when the caller has none fresh (ARGV[21] '1'); else '' and the caller uses what it read lately.
 local done, prev, paused, consumers = {'', ''}, {'', ''}, '', ''
-if ARGV[20] ~= '0' then
+if ARGV[21] ~= '0' then
   local done_field, busy_field = 'completed|' .. lane, 'busy|' .. lane
   done = redis.call('HMGET', KEYS[9], done_field, busy_field)
   prev = redis.call('HMGET', KEYS[21], done_field, busy_field)

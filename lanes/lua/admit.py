@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
 
 from lanes import counters, keys
 from lanes.forksafe import ForkSafeLock
-from lanes.lua.loader import call
+from lanes.lua.loader import ScriptStream, call
 
 NAME = "admit"
 #: Seconds a process reuses a lane's completions, handler seconds, paused flag and live consumers
@@ -27,17 +28,18 @@ def admit(
     *, version: str, now: float, task_id: str, message: str, kombu_priority: int, lane: str, task_type: str,
     accepting: bool, capacity: int, chat: str, chat_queue_size: int, idempotency_key: str, payload_digest: str,
     idempotency_window_s: int, queued_lease_ms: int, replace_idempotency: bool, deadline: float,
-    limits: tuple[str, ...] = (),
+    limits: tuple[str, ...] = (), due: float = 0.0,
 ) -> list[Any]:
     """Run admit.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
 
-    An accepted task ('ok') is counted as dispatched here, in process (``lanes.counters``); the
+    An accepted task ('ok') is counted as dispatched here, in process (``count_accepted``); the
     reply's estimate inputs (indexes ``_ESTIMATE_FIELDS``) are this process's reading of the lane
     from up to ``ESTIMATE_INPUTS_TTL_S`` ago.
 
     ``now`` and ``deadline`` are epoch seconds; ``chat`` and ``idempotency_key``
     are '' when the task has none (``payload_digest`` then too); ``limits`` are
-    the task's limit instance bases (``keys.limit_base``), in its type's order.
+    the task's limit instance bases (``keys.limit_base``), in its type's order;
+    ``due`` the epoch seconds a task sent for later is due at (0: now).
 
     With ``DISPATCH_REPLICA_ACKS`` = N > 0, an 'ok' or 'dup' reply is returned
     only once N replicas hold the write (``WAIT``), so a failover cannot lose a
@@ -45,12 +47,60 @@ def admit(
     ``RedisError``: dispatch answers ``unavailable``, outcome unknown).
     """
     minute = int(now // 60)
-    record = keys.task_record(task_id, chat or None)
     with _estimate_lock:
         cached = _estimate_inputs.get(lane)
     fresh = cached is not None and cached[1] == minute and time.monotonic() - cached[0] < ESTIMATE_INPUTS_TTL_S
     reply = call(
-        NAME,
+        NAME, *keys_and_args(
+            version=version, now=now, task_id=task_id, message=message, kombu_priority=kombu_priority, lane=lane,
+            task_type=task_type, accepting=accepting, capacity=capacity, chat=chat, chat_queue_size=chat_queue_size,
+            idempotency_key=idempotency_key, payload_digest=payload_digest,
+            idempotency_window_s=idempotency_window_s, queued_lease_ms=queued_lease_ms,
+            replace_idempotency=replace_idempotency, deadline=deadline, limits=limits, due=due,
+            read_estimate=not fresh,
+        ),
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=reports_a_task,
+    )
+    if reply and reply[0] == b"ok":
+        count_accepted(reply, {"lane": lane, "task_type": task_type, "now": now})
+        if fresh and cached is not None:
+            reply = list(reply)
+            for index, value in zip(_ESTIMATE_FIELDS, cached[2], strict=True):
+                reply[index] = value
+        else:
+            with _estimate_lock:
+                _estimate_inputs[lane] = (time.monotonic(), minute, tuple(reply[i] for i in _ESTIMATE_FIELDS))
+    return reply
+
+
+def count_accepted(reply: Any, script_args: Mapping[str, Any]) -> None:
+    """Count an accepted task ('ok') as dispatched, in process (``lanes.counters``; the script did until issue 16).
+
+    ``script_args``: the ``keys_and_args`` arguments of its call (``lane``, ``task_type``, ``now``).
+    """
+    if reply and reply[0] == b"ok":
+        counters.add(f"dispatched|{script_args['lane']}|{script_args['task_type']}", script_args["now"])
+
+
+def stream() -> ScriptStream:
+    """A ``ScriptStream`` of admit.lua calls (``keys_and_args`` of each): many admissions, one round trip a batch."""
+    return ScriptStream(NAME)
+
+
+def keys_and_args(
+    *, version: str, now: float, task_id: str, message: str, kombu_priority: int, lane: str, task_type: str,
+    accepting: bool, capacity: int, chat: str, chat_queue_size: int, idempotency_key: str, payload_digest: str,
+    idempotency_window_s: int, queued_lease_ms: int, replace_idempotency: bool, deadline: float,
+    limits: tuple[str, ...] = (), due: float = 0.0, read_estimate: bool = True,
+) -> tuple[list[Any], list[Any]]:
+    """admit.lua's KEYS and ARGV, in the order its header gives.
+
+    ``read_estimate`` False: the caller has the lane's estimate inputs from a recent call (``admit``).
+    """
+    minute = int(now // 60)
+    record = keys.task_record(task_id, chat or None)
+    return (
         [
             keys.CONFIG_VERSION, record, keys.LEASES,
             keys.idempotency(task_type, idempotency_key) if idempotency_key else record,
@@ -65,21 +115,9 @@ def admit(
             version, int(now * 1000), task_id, message, kombu_priority, "1" if accepting else "0",
             capacity, chat, chat_queue_size, payload_digest, idempotency_window_s, queued_lease_ms,
             lane, task_type, "1" if replace_idempotency else "0", int(deadline * 1000),
-            "\n".join(limits), keys.LIMIT_PREFIX, keys.LANE_PREFIX, "0" if fresh else "1",
+            "\n".join(limits), keys.LIMIT_PREFIX, keys.LANE_PREFIX, int(due * 1000), "1" if read_estimate else "0",
         ],
-        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
-        wait_if=reports_a_task,
     )
-    if reply and reply[0] == b"ok":
-        counters.add(f"dispatched|{lane}|{task_type}", now)  # in process since issue 16 (lanes.counters)
-        if fresh and cached is not None:
-            reply = list(reply)
-            for index, value in zip(_ESTIMATE_FIELDS, cached[2], strict=True):
-                reply[index] = value
-        else:
-            with _estimate_lock:
-                _estimate_inputs[lane] = (time.monotonic(), minute, tuple(reply[i] for i in _ESTIMATE_FIELDS))
-    return reply
 
 
 def reports_a_task(reply: list[Any]) -> bool:
