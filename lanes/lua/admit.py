@@ -15,7 +15,7 @@ from lanes.lua.loader import ScriptStream, call
 NAME = "admit"
 #: Seconds a process reuses a lane's completions, handler seconds, paused flag and live consumers
 #: (admission's estimate inputs, nothing it decides by) instead of reading them again: 6 Redis
-#: commands a dispatch, now one read a second per lane and process.
+#: commands a dispatch, now one read a second per lane and process (of a serving lane: ``_healthy``).
 ESTIMATE_INPUTS_TTL_S = 1.0
 #: Indexes of those inputs in admit.lua's 'ok' reply.
 _ESTIMATE_FIELDS = (3, 4, 6, 7, 8, 9)
@@ -68,10 +68,24 @@ def admit(
             reply = list(reply)
             for index, value in zip(_ESTIMATE_FIELDS, cached[2], strict=True):
                 reply[index] = value
-        else:
+        elif _healthy(reply):
             with _estimate_lock:
                 _estimate_inputs[lane] = (time.monotonic(), minute, tuple(reply[i] for i in _ESTIMATE_FIELDS))
     return reply
+
+
+def _healthy(reply: list[Any]) -> bool:
+    """A reading worth reusing: the lane is not paused and has a live consumer.
+
+    A paused lane or one without consumers (the estimate then says why there is
+    none) is read again at each dispatch, so that a resume or a worker that
+    starts shows at once; only a lane that was serving can look so for up to
+    ``ESTIMATE_INPUTS_TTL_S`` after it stopped.
+    """
+    try:
+        return int(reply[8]) == 0 and int(reply[9]) > 0
+    except (TypeError, ValueError):
+        return False
 
 
 def count_accepted(reply: Any, script_args: Mapping[str, Any]) -> None:

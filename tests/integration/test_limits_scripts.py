@@ -244,6 +244,7 @@ def test_an_unlimited_type_pays_no_redis_command_for_limits(rc, redis_server, mo
 
     monkeypatch.setattr(admit_wrapper, "ESTIMATE_INPUTS_TTL_S", 600)  # the warm-up's reading serves the count
     lane = unique("ln")
+    rc.zadd(keys.lane_consumers(lane), {"w@test": int(time.time() * 1000) + 60_000})  # a serving lane
     tt = define(unique("ty"), lane=lane)
     config.forget()
     admit(tt.name, {"warm": 1})  # the config is loaded (and its definitions written) before counting
