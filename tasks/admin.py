@@ -125,6 +125,7 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
         ("Time and retries", {"fields": ("timeout", "attempt_timeout", "retry_policy")}),
         ("Ordering and bounds", {"fields": ("chat_scoped", "chat_queue_size", "max_payload_bytes",
                                             "idempotency_window")}),
+        ("Batching (batched handlers only)", {"fields": ("batch_size", "batch_window_ms")}),
     )
 
 

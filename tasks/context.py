@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -26,3 +26,10 @@ class Context:
     def remaining(self) -> float:
         """Seconds left for this attempt (its limit, or the task's deadline if sooner)."""
         return max(0.0, self.attempt_deadline - time.time())
+
+
+class BatchItem(NamedTuple):
+    """One item of a batched handler's call: ``for payload, ctx in items`` (docs/batching.md)."""
+
+    payload: dict[str, Any]
+    ctx: Context

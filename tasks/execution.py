@@ -53,6 +53,8 @@ class HandlerTask(Task):
     typing = False
     acks_late = True
     handler_func = None
+    #: Set for a batched handler (``@handler(..., batch=True)``): run by tasks.batching.
+    batched = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return execute(self, args, kwargs)
@@ -89,6 +91,10 @@ def execute(task: Task, args: tuple, kwargs: dict) -> Any:
     if not isinstance(payload, dict):
         _malformed(task, "payload is not an object", payload, raw_env)
     try:
+        if getattr(task, "batched", False):
+            from tasks import batching  # inner import: batching builds on this module
+
+            return batching.run(task, env, payload)
         return _Run(task, env, payload).run()
     except _Finished as finished:
         return finished.result
@@ -100,11 +106,16 @@ class _Finished(Exception):
 
 
 class _Run:
-    def __init__(self, task: Task, env: Envelope, payload: dict) -> None:
+    def __init__(self, task: Task, env: Envelope, payload: dict, task_id: str | None = None,
+                 request: Any = None) -> None:
+        # ``task_id``/``request``: an item a batch claimed beside the delivered
+        # task (tasks.batching) has its own id, and a request of its own where
+        # the outcome to store is noted.
         self.task = task
         self.env = env
         self.payload = payload
-        self.task_id: str = task.request.id
+        self.task_id: str = task_id or task.request.id
+        self.request = request if request is not None else task.request
         self.record = keys.task_record(self.task_id, env.chat or None)
         self.field = f"{env.lane}|{env.type}"
         self.started_at = 0.0
@@ -184,7 +195,7 @@ class _Run:
             # Finished, but its worker may have died before Celery stored the
             # outcome: store it again (the result row is written idempotently).
             outcome, _, result_json = reply[1].decode().partition("|")
-            self.task.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
+            self.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
             logger.info("redelivery_of_finished task=%s outcome=%s", self.task_id, outcome)
             if outcome == "done":
                 raise _Finished(json.loads(result_json))
@@ -253,7 +264,7 @@ class _Run:
             # task: its attempt records the outcome; this one stores nothing.
             logger.warning("finish_skipped task=%s taken_by=%s", self.task_id, reply[1].decode())
             raise Ignore()
-        self.task.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
+        self.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
 
     def _info(self, now: float, **extra: Any) -> lifecycle.TaskInfo:
         env = self.env

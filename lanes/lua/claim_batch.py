@@ -1,0 +1,28 @@
+"""``claim_batch.lua``'s wrapper: take and claim more ready tasks of one batched type."""
+
+from __future__ import annotations
+
+from lanes import keys
+from lanes.lua.loader import call
+
+NAME = "claim_batch"
+#: Most messages one call looks at per task it may claim (a lane shared with other
+#: types has their messages in between), plus a fixed margin.
+LOOK_PER_TASK = 2
+LOOK_MARGIN = 32
+
+
+def claim_batch(
+    *, lane: str, handler: str, task_type: str, owner: str, now: float, lease_ms: int, max_deliveries: int,
+    most: int, metric_field: str, process: str, liveness_ms: int,
+) -> list[bytes]:
+    """Run claim_batch.lua (KEYS/ARGV in its header); returns the claimed messages as the broker held them."""
+    if most <= 0:
+        return []
+    return call(
+        NAME,
+        [keys.LEASES, keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)), keys.DEADLINES, keys.PROCS,
+         keys.process_held(process), *keys.lane_queues(lane)],
+        [handler, task_type, owner, int(now * 1000), lease_ms, max_deliveries, most,
+         most * LOOK_PER_TASK + LOOK_MARGIN, metric_field, process, liveness_ms, keys.CHAT_PREFIX],
+    )
