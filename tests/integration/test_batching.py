@@ -208,3 +208,41 @@ def test_sigkill_mid_batch_loses_nothing_and_applies_nothing_twice(start_worker,
     ids = [r.task_id for r in results]
     wait_until(lambda: TaskResult.objects.filter(task_id__in=ids, status="SUCCESS").count() == 60, timeout=30,
                what="a result row per task")
+
+
+def test_a_wrong_number_of_outcomes_fails_every_item_of_that_batch_retryably(start_worker, rc):
+    lane = unique("lb")
+    name = unique("bt")
+    define(name, handler="demo.echo_batch", lane=lane, batch_size=10, batch_window_ms=20,
+           policy={"max_retries": 1, "initial_backoff": 0.05, "max_backoff": 0.1})
+    config.forget()
+    # One item asks for a short answer on every attempt: each item of its batch fails
+    # with a named error, is retried (its own attempt count), and ends exhausted.
+    sent = [admit(name, {"i": i, **({"short_by": 1} if i == 0 else {})}) for i in range(5)]
+    start_worker(lane, pool="threads", concurrency=1)
+    wait_until(lambda: DeadLetter.objects.filter(task_id=sent[0].task_id).exists(), timeout=60,
+               what="the short item's dead letter")
+    dl = DeadLetter.objects.get(task_id=sent[0].task_id)
+    assert dl.reason == "exhausted" and dl.attempts == 2
+    assert dl.error_class.endswith("BatchOutcomeMismatch"), dl.error_class
+    assert "batched handler 'demo.echo_batch' returned" in dl.error_message, dl.error_message
+    assert "one outcome per item" in dl.error_message
+    # The others were in a failed batch at least once (retried), none was lost.
+    for r in sent[1:]:
+        outcome = DeadLetter.objects.filter(task_id=r.task_id).first()
+        assert outcome is not None or r.get(timeout=30) == {"i": sent.index(r)}
+
+
+def test_a_whole_batch_that_raises_gives_each_item_its_own_retry(start_worker, rc):
+    lane = unique("lb")
+    name = unique("bt")
+    define(name, handler="demo.echo_batch", lane=lane, batch_size=10, batch_window_ms=20,
+           policy={"max_retries": 2, "initial_backoff": 0.05, "max_backoff": 0.1})
+    config.forget()
+    sent = [admit(name, {"i": i, **({"fail": "retry"} if i == 0 else {})}) for i in range(5)]
+    start_worker(lane, pool="threads", concurrency=1)
+    for i, r in enumerate(sent):
+        assert r.get(timeout=60)["i"] == i
+    rows = dict(TaskResult.objects.filter(task_id__in=[r.task_id for r in sent]).values_list("task_id", "status"))
+    assert set(rows.values()) == {"SUCCESS"}
+    assert not DeadLetter.objects.filter(task_type=name).exists()
