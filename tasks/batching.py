@@ -38,12 +38,14 @@ from tasks.context import BatchItem, Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
 from tasks.execution import (
     _ROW_STATE,
+    HandlerTask,
     _bounded,
     _portable,
     _Run,
     _time_limit,
     _tombstone_ttl_s,
     _until_answered,
+    execute,
 )
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,15 @@ logger = logging.getLogger(__name__)
 
 class BatchOutcomeMismatch(RetryableError):
     """A batched handler returned a number of outcomes other than its number of items."""
+
+
+class BatchHandlerTask(HandlerTask):
+    """Base of every batched handler's Celery task (``registry.bind``'s ``batch_base``)."""
+
+    batched = True
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return execute(self, args, kwargs, runner=run)
 
 
 def run(task: Task, env: Envelope, payload: dict) -> Any:

@@ -53,7 +53,7 @@ class HandlerTask(Task):
     typing = False
     acks_late = True
     handler_func = None
-    #: Set for a batched handler (``@handler(..., batch=True)``): run by tasks.batching.
+    #: Set for a batched handler (``@handler(..., batch=True)``, bound on tasks.batching.BatchHandlerTask).
     batched = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -80,7 +80,9 @@ def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> NoReturn:
                                admin_url=dead_letter_admin_url(task.request.id or "unknown"))
 
 
-def execute(task: Task, args: tuple, kwargs: dict) -> Any:
+def execute(task: Task, args: tuple, kwargs: dict,
+            runner: Callable[[Task, Envelope, dict], Any] | None = None) -> Any:
+    """Check the message's arguments, then run it (``runner``: a batched handler's, tasks.batching)."""
     payload, raw_env = kwargs.get("payload"), kwargs.get("dispatch")
     if args or set(kwargs) - {"payload", "dispatch"}:
         _malformed(task, "unexpected arguments", payload, raw_env)
@@ -91,10 +93,8 @@ def execute(task: Task, args: tuple, kwargs: dict) -> Any:
     if not isinstance(payload, dict):
         _malformed(task, "payload is not an object", payload, raw_env)
     try:
-        if getattr(task, "batched", False):
-            from tasks import batching  # inner import: batching builds on this module
-
-            return batching.run(task, env, payload)
+        if runner is not None:
+            return runner(task, env, payload)
         return _Run(task, env, payload).run()
     except _Finished as finished:
         return finished.result

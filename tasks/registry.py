@@ -47,8 +47,8 @@ class HandlerSpec:
 
 _handlers: dict[str, HandlerSpec] = {}
 _tasks: dict[str, Task] = {}
-#: The app and base task class handlers are bound to, once ``bind`` ran.
-_bound_to: tuple[Celery, type[Task]] | None = None
+#: The app and base task classes (plain, batched) handlers are bound to, once ``bind`` ran.
+_bound_to: tuple[Celery, type[Task], type[Task] | None] | None = None
 
 
 def handler(
@@ -82,17 +82,22 @@ def handler(
     return decorator
 
 
-def bind(app: Celery, base: type[Task]) -> None:
-    """Make every declared handler (and each declared later) a task of ``app`` on ``base``."""
+def bind(app: Celery, base: type[Task], batch_base: type[Task] | None = None) -> None:
+    """Make every declared handler (and each declared later) a task of ``app`` on ``base``
+    (a batched one on ``batch_base``)."""
     global _bound_to
-    _bound_to = (app, base)
+    _bound_to = (app, base, batch_base)
     for spec in list(_handlers.values()):
-        _bind_one(spec, app, base)
+        _bind_one(spec, app, base, batch_base)
 
 
-def _bind_one(spec: HandlerSpec, app: Celery, base: type[Task]) -> None:
+def _bind_one(spec: HandlerSpec, app: Celery, base: type[Task], batch_base: type[Task] | None = None) -> None:
     if spec.name in _tasks:
         return
+    if spec.batch:
+        if batch_base is None:
+            raise ValueError(f"handler '{spec.name}' is batched, and no batched base task was given to bind")
+        base = batch_base
     _tasks[spec.name] = app.task(
         name=spec.name, base=base, handler_func=staticmethod(spec.func), typing=False, batched=spec.batch,
         **spec.task_options
