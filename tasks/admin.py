@@ -132,7 +132,8 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     form = TaskTypeForm
     # Enabled right after the name: the list scrolls sideways in its box, and the
     # last column was out of sight at 1,400 px with the sidebars (issue 13).
-    list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout")
+    list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout",
+                    "batch_size")
     list_filter = ("lane", "handler", "chat_scoped", "enabled")
     search_fields = ("name",)
     fieldsets = (

@@ -58,3 +58,20 @@ def test_the_admin_form_refuses_a_batch_size_out_of_range(admin_client):
     response = admin_client.post("/admin/tasks/tasktype/add/", form)
     assert response.status_code == 302, response.content[:2000]
     assert TaskType.objects.get(name=name).batch_size == 64
+
+
+def test_manage_py_lanes_lists_batched_types():
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    prefix = unique("lsb")
+    apply_config(config(prefix, handler="demo.echo_batch", batch_size=64, batch_window_ms=7))
+    out = StringIO()
+    call_command("lanes", "--lane", f"{prefix}-lane", stdout=out)
+    assert f"{prefix}.echo@{prefix}-lane 64/7ms" in out.getvalue()
+    out = StringIO()
+    call_command("lanes", "--json", "--lane", f"{prefix}-lane", stdout=out)
+    listed = json.loads(out.getvalue())["batched_types"]
+    assert [(t["name"], t["batch_size"], t["batch_window_ms"]) for t in listed] == [(f"{prefix}.echo", 64, 7)]
