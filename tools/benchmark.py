@@ -46,24 +46,31 @@ SYSTEMS: dict[str, str] = {
     "platform": "platform plain type (dispatch.delay)",
     "chat": "platform chat-scoped type, 1,000 chats",
     "dramatiq": "Dramatiq actor (.send; reference)",
+    "batch": "platform batched type (dispatch.delay; batches of up to 100, I/O once per batch)",
 }
 WORKLOADS: dict[str, str] = {
     "dispatch": "dispatch only (calls/s, nobody consuming)",
     "noop": "end to end, no-op (tasks/s drained)",
     "io": "end to end, 20 ms I/O (tasks/s drained)",
 }
-PLAIN_TYPE, CHAT_TYPE = "bench.plain", "bench.chat"
-PLAIN_LANE, CHAT_LANE = "bench-plain", "bench-chat"
+PLAIN_TYPE, CHAT_TYPE, BATCH_TYPE = "bench.plain", "bench.chat", "bench.batch"
+PLAIN_LANE, CHAT_LANE, BATCH_LANE = "bench-plain", "bench-chat", "bench-batch"
+#: The batched type's batch size and window (issue 16).
+BATCH_SIZE, BATCH_WINDOW_MS = 100, 2
 BENCH_CONFIG = {
     "retry_policies": [{"name": "bench", "max_retries": 3, "initial_backoff": 0.5, "multiplier": 2.0,
                         "max_backoff": 5.0, "jitter": 0.2}],
     "lanes": [{"name": PLAIN_LANE, "capacity": 1_000_000, "accepting": True},
-              {"name": CHAT_LANE, "capacity": 1_000_000, "accepting": True}],
+              {"name": CHAT_LANE, "capacity": 1_000_000, "accepting": True},
+              {"name": BATCH_LANE, "capacity": 1_000_000, "accepting": True}],
     "task_types": [
         {"name": PLAIN_TYPE, "handler": "bench.work", "lane": PLAIN_LANE, "priority": 5, "retry_policy": "bench",
          "timeout": 600, "attempt_timeout": 60, "chat_scoped": False, "options": {}},
         {"name": CHAT_TYPE, "handler": "bench.work", "lane": CHAT_LANE, "priority": 5, "retry_policy": "bench",
          "timeout": 600, "attempt_timeout": 60, "chat_scoped": True, "chat_queue_size": 10_000, "options": {}},
+        {"name": BATCH_TYPE, "handler": "bench.work_batch", "lane": BATCH_LANE, "priority": 5,
+         "retry_policy": "bench", "timeout": 600, "attempt_timeout": 60, "chat_scoped": False, "options": {},
+         "batch_size": BATCH_SIZE, "batch_window_ms": BATCH_WINDOW_MS},
     ],
 }
 
@@ -305,7 +312,7 @@ class Bench:
                                 str(threads), "-Q", "bench-dramatiq"], env, log))
             self._wait(lambda: _count_in(log, offset, b"ready for action") >= n_procs, procs, "dramatiq")
             return procs
-        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE}[system]
+        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE, "batch": BATCH_LANE}[system]
         for i in range(self.o.instances):
             procs.append(_Proc(
                 [str(BIN / "celery"), "-A", "dispatchsite", "worker", "-Q", queue, "-n", f"bench{i}-{system}@%h",
@@ -598,6 +605,9 @@ def _sender(system: str, chats: int, ms: float) -> Callable[[int], int]:
         if system == "platform":
             def send(i: int) -> int:
                 return 0 if dispatch.delay(PLAIN_TYPE, {"n": i, "ms": ms}).accepted else 1
+        elif system == "batch":
+            def send(i: int) -> int:
+                return 0 if dispatch.delay(BATCH_TYPE, {"n": i, "ms": ms}).accepted else 1
         else:
             def send(i: int) -> int:
                 return 0 if dispatch.delay(CHAT_TYPE, {"n": i, "ms": ms}, chat_id=f"bc-{i % chats}").accepted else 1
@@ -620,7 +630,7 @@ def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
     if system == "celery":
         queues, extra = keys.lane_queues("bench-celery"), []
     else:
-        lane = PLAIN_LANE if system == "platform" else CHAT_LANE
+        lane = {"platform": PLAIN_LANE, "batch": BATCH_LANE}.get(system, CHAT_LANE)
         queues, extra = keys.lane_queues(lane), [keys.lane_chat_waiting(lane), keys.lane_delayed(lane)]
 
     def empty() -> bool:
