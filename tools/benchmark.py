@@ -52,7 +52,13 @@ WORKLOADS: dict[str, str] = {
     "dispatch": "dispatch only (calls/s, nobody consuming)",
     "noop": "end to end, no-op (tasks/s drained)",
     "io": "end to end, 20 ms I/O (tasks/s drained)",
+    "sms": "SMS demo end to end (seed 004; msg/s, a row each): platform = sms.submit_one, batch = sms.submit",
 }
+#: Workloads run when none are named (``sms`` only on request: it needs its supplier, and only
+#: the platform's two systems run it).
+DEFAULT_WORKLOADS = [w for w in WORKLOADS if w != "sms"]
+#: The systems that run the ``sms`` workload, and the task type each sends.
+SMS_TYPES = {"platform": "bench.sms_one", "batch": "bench.sms"}
 PLAIN_TYPE, CHAT_TYPE, BATCH_TYPE = "bench.plain", "bench.chat", "bench.batch"
 PLAIN_LANE, CHAT_LANE, BATCH_LANE = "bench-plain", "bench-chat", "bench-batch"
 #: The batched type's batch size and window (issue 16).
@@ -90,14 +96,20 @@ class BenchOptions:
     io_pool: str = "threads"
     io_concurrency: int = 16
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
-    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
+    n_sms: int = 3000
+    #: The simulated supplier (tools.sms_supplier): channels, messages/s per channel, ms per request.
+    sms_channels: int = 6
+    sms_tps: float = 1000.0
+    sms_latency_ms: float = 20.0
     redis_url: str | None = None
     profile_dir: str | None = None
     timeout_s: float = 600.0
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchOptions:
-        return cls(**{"rounds": 1, "n_dispatch": 300, "n_noop": 200, "n_io": 200, "warmup": 20, **overrides})
+        return cls(**{"rounds": 1, "n_dispatch": 300, "n_noop": 200, "n_io": 200, "n_sms": 200, "warmup": 20,
+                      **overrides})
 
 
 @dataclass
@@ -225,6 +237,7 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-bench-"))
         self.redis: _Proc | None = None
         self.redis_pid: int | None = None
+        self.supplier: _Proc | None = None
         self.env: dict[str, str] = {}
 
     # -- environment -------------------------------------------------------
@@ -266,10 +279,20 @@ class Bench:
         if self.redis_pid is None:
             self.redis_pid = _redis_pid(client)
         client.flushdb()
+        if "sms" in self.o.workloads:
+            port = _free_port()
+            self.supplier = _Proc([sys.executable, "-m", "tools.sms_supplier", "--port", str(port), "--tps",
+                                   str(self.o.sms_tps), "--latency-ms", str(self.o.sms_latency_ms)],
+                                  dict(os.environ), self.tmp / "supplier.log")
+            self.env["BENCH_SMS_URL"] = f"http://127.0.0.1:{port}/submit"
+            self._wait(lambda: _count_in(self.tmp / "supplier.log", 0, b"ready at") >= 1, [self.supplier],
+                       "sms supplier")
         self._manage("migrate", "--verbosity", "0")
         self._manage("benchmark", "--role", "setup")
 
     def teardown(self) -> None:
+        if self.supplier is not None:
+            self.supplier.stop()
         if self.redis is not None:
             self.redis.stop()
         if not os.environ.get("KEEP_BENCH_TMP"):
@@ -284,7 +307,7 @@ class Bench:
 
     # -- workers -----------------------------------------------------------
     def worker_shape(self, workload: str) -> tuple[str, int]:
-        if workload == "io":
+        if workload in ("io", "sms"):
             return self.o.io_pool, self.o.io_concurrency
         return self.o.pool, self.o.concurrency
 
@@ -338,7 +361,10 @@ class Bench:
         if system == "dramatiq" and not dramatiq_available():
             m.error = "skipped: dramatiq not installed (pip install -r requirements-bench.txt)"
             return m
-        n = {"dispatch": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io}[workload]
+        if workload == "sms" and system not in SMS_TYPES:
+            m.error = "skipped: the sms workload is the platform's demo (systems platform and batch)"
+            return m
+        n = {"dispatch": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io, "sms": self.o.n_sms}[workload]
         probe_dir = self.tmp / f"probe-{workload}-{system}-{round_no}"
         procs: list[_Proc] = []
         profilers: list[subprocess.Popen] = []
@@ -347,6 +373,7 @@ class Bench:
                 procs = self.start_workers(system, workload, probe_dir)
             spec = {"system": system, "mode": workload, "n": n, "warmup": self.o.warmup, "chats": self.o.chats,
                     "ms": self.o.io_ms if workload == "io" else 0, "probe_dir": str(probe_dir),
+                    "sms_channels": self.o.sms_channels,
                     "worker_pids": [p.pid for p in procs], "redis_pid": self.redis_pid}
             producer = subprocess.Popen(
                 [sys.executable, str(ROOT / "manage.py"), "benchmark", "--role", "produce", "--spec",
@@ -517,6 +544,14 @@ def setup_config() -> None:
     from tasks.config_io import apply_config
 
     apply_config(BENCH_CONFIG)
+    url = os.environ.get("BENCH_SMS_URL")
+    if url:
+        sms = {"retry_policy": "bench", "priority": 5, "timeout": 600, "attempt_timeout": 60, "options": {"url": url}}
+        apply_config({"task_types": [
+            {"name": SMS_TYPES["platform"], "handler": "sms.submit_one", "lane": PLAIN_LANE, **sms},
+            {"name": SMS_TYPES["batch"], "handler": "sms.submit", "lane": BATCH_LANE, "batch_size": 64,
+             "batch_window_ms": 5, **sms},
+        ]})
 
 
 def produce(spec: dict) -> dict[str, Any]:
@@ -529,7 +564,7 @@ def produce(spec: dict) -> dict[str, Any]:
     system, mode, n, warmup = spec["system"], spec["mode"], int(spec["n"]), int(spec["warmup"])
     chats, ms = int(spec["chats"]), spec["ms"]
     r = get_redis()
-    send = _sender(system, chats, ms)
+    send = _sms_sender(system, int(spec["sms_channels"])) if mode == "sms" else _sender(system, chats, ms)
     empty = _drained_check(system, r, keys)
 
     rejected = 0
@@ -566,6 +601,8 @@ def produce(spec: dict) -> dict[str, Any]:
     pcpu = time.process_time() - pcpu0
     rt_pub = probe.snapshot().get("redis_round_trips", 0) - rt0
     polls = _wait_drained(empty, timeout=600)
+    if mode == "sms":
+        polls += _wait_accounted(send, n + warmup, timeout=300)
     elapsed = time.perf_counter() - t0
     by = _delta(_commandstats(r), by0, {"info": 1, **{k: polls * v for k, v in empty.commands.items()}})
     cpu_after = _cpu(pids, spec.get("redis_pid"))
@@ -612,6 +649,41 @@ def _sender(system: str, chats: int, ms: float) -> Callable[[int], int]:
             def send(i: int) -> int:
                 return 0 if dispatch.delay(CHAT_TYPE, {"n": i, "ms": ms}, chat_id=f"bc-{i % chats}").accepted else 1
     return send
+
+
+def _sms_sender(system: str, channels: int) -> Callable[[int], int]:
+    """Dispatch SMS ``i`` (its own idempotency key) to the demo type of ``system``."""
+    import uuid
+
+    from tasks.dispatch import dispatch
+
+    run = uuid.uuid4().hex[:8]
+    type_name = SMS_TYPES[system]
+
+    def send(i: int) -> int:
+        payload = {"to": f"+86138{i:08d}", "channel": f"ch{i % channels}", "text": "verification code 1234"}
+        return 0 if dispatch.delay(type_name, payload, idempotency_key=f"{run}-{i}").accepted else 1
+
+    send.run = run  # type: ignore[attr-defined]  # the key prefix, for the accounting
+    return send
+
+
+def _wait_accounted(send: Callable[[int], int], expected: int, timeout: float) -> int:
+    """Wait until every message sent has its row (seed 004: every message accounted for); returns the polls."""
+    from tools.models import SmsMessage
+
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while True:
+        polls += 1
+        rows = SmsMessage.objects.filter(key__startswith=f"{send.run}-").count()  # type: ignore[attr-defined]
+        if rows >= expected:
+            if rows != expected:
+                raise RuntimeError(f"{rows} rows for {expected} messages")
+            return 0  # SQL polls, not Redis commands
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {rows} of {expected} messages accounted for within {timeout}s")
+        time.sleep(0.01)
 
 
 class _Empty:
