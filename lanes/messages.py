@@ -15,6 +15,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from lanes import keys
 from lanes.priorities import to_kombu
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
@@ -22,8 +24,22 @@ from lanes.transport import LEASED_HEADER, RECORD_HEADER
 _TAG_PLACEHOLDER = "@@delivery-tag@@"
 _ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-#: Seconds between the soft time limit (handler told to stop) and the hard one (process killed).
+#: Seconds between the soft time limit (handler told to stop) and the hard one (process killed),
+#: beyond the time an attempt may spend recording its outcome while Redis is away (see
+#: :func:`hard_limit_grace_s`).
 HARD_LIMIT_GRACE_S = 5.0
+
+
+def hard_limit_grace_s() -> float:
+    """Room after the soft limit: the grace, plus the outcome call's retries (two leases,
+    ``tasks.execution._until_answered``) and a Redis timeout on each side of them.
+
+    A hard limit inside that window killed a prefork child that waited for a frozen
+    Redis to record its outcome; killed while writing its result to the pool's pipe,
+    the child left half a message, and the worker's main process stopped on
+    ``UnpicklingError`` (fault scenario 4, intermittent).
+    """
+    return HARD_LIMIT_GRACE_S + 2 * settings.DISPATCH_LEASE_S + 2 * settings.DISPATCH_REDIS_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -82,7 +98,7 @@ def build_message(task_id: str, handler: str, payload_json: str, envelope: Envel
     headers: dict[str, Any] = {
         "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "eta": None,
         "expires": None, "group": None, "group_index": None, "retries": envelope.attempt - 1,
-        "timelimit": [soft_limit_s + HARD_LIMIT_GRACE_S, soft_limit_s], "root_id": task_id,
+        "timelimit": [soft_limit_s + hard_limit_grace_s(), soft_limit_s], "root_id": task_id,
         "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),
         "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
         "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,
