@@ -28,10 +28,11 @@ def test_13_sigkill_mid_batch(cluster_factory, record):
                    options={"url": cluster.sink.url}, timeout=600, attempt_timeout=10, batch_size=16,
                    batch_window_ms=5, policy={"max_retries": 8, "initial_backoff": 0.2, "multiplier": 2.0,
                                               "max_backoff": 2.0, "jitter": 0.2})
-    cluster.sink.sink.behaviour.delay_s = (0.005, 0.02)
+    # Slow enough per item that a backlog forms and batches hold several items when a kill lands.
+    cluster.sink.sink.behaviour.delay_s = (0.03, 0.08)
     workers = [cluster.worker(lane, concurrency=2), cluster.worker(lane, concurrency=2)]
     duration = pick(14, 60)
-    load = cluster.constant_load(name, rate=pick(40, 80), duration=duration, chats=pick(30, 60))
+    load = cluster.constant_load(name, rate=pick(60, 80), duration=duration, chats=pick(30, 60))
     kills = {"main": 0, "child": 0}
     stop = threading.Event()
 
@@ -67,4 +68,4 @@ def test_13_sigkill_mid_batch(cluster_factory, record):
     assert kills["child"] >= 1 and kills["main"] >= 1
     assert rep.accepted > 0 and rep.accounted, rep.summary()
     assert all(w.alive() for w in workers)
-    assert "" not in sent and len(set(sent)) < len(sent)  # batched, through the batched path only
+    assert "" not in sent and len(set(sent)) < len(sent) / 2  # batched (two items a call or more on average)
