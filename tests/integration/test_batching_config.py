@@ -31,7 +31,7 @@ def test_batch_fields_round_trip_through_config_as_code():
     ({"batch_size": 0}, "batch_size: Batch size must be between 1 and 1000"),
     ({"batch_size": 1001}, "batch_size: Batch size must be between 1 and 1000"),
     ({"batch_window_ms": 1001}, "batch_window_ms: Batch window must be between 0 and 1000 ms"),
-    ({"batch_size": "many"}, "batch_size"),
+    ({"batch_size": "many"}, "batch_size: “many” value must be an integer"),
 ])
 def test_a_bad_batch_field_is_named(override, named):
     prefix = unique("badb")
