@@ -55,13 +55,27 @@ class Envelope:
     chat: str = ""
     key: str = ""  # idempotency key
     meta: dict | None = None
+    #: The retry policy the caller named for this task ('' : its type's), carried across its retries.
+    policy: str = ""
+    #: When a task sent for later was due, epoch seconds (0: dispatched for now); queue latency counts from it.
+    due: float = 0.0
+
+    @property
+    def ready_at(self) -> float:
+        """When the task could first start: its due time if it was sent for later, else its dispatch."""
+        return max(self.dispatched_at, self.due)
 
     def as_dict(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it deep-copies, and this runs on every dispatch
         # only to be serialised at once.
-        return {"type": self.type, "lane": self.lane, "priority": self.priority, "attempt": self.attempt,
-                "deadline": self.deadline, "dispatched_at": self.dispatched_at, "chat": self.chat,
-                "key": self.key, "meta": self.meta}
+        out = {"type": self.type, "lane": self.lane, "priority": self.priority, "attempt": self.attempt,
+               "deadline": self.deadline, "dispatched_at": self.dispatched_at, "chat": self.chat,
+               "key": self.key, "meta": self.meta}
+        if self.policy:  # only when named: a plain dispatch's message is unchanged
+            out["policy"] = self.policy
+        if self.due:
+            out["due"] = self.due
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:
@@ -79,9 +93,14 @@ class Envelope:
         meta = data.get("meta")
         if meta is not None and not isinstance(meta, dict):
             raise ValueError("field 'meta' must be an object")
+        if not isinstance(data.get("policy", ""), str):
+            raise ValueError("field 'policy' must be a string")
+        due = data.get("due", 0.0)
+        if not isinstance(due, (int, float)) or isinstance(due, bool):
+            raise ValueError("field 'due' must be a number")
         if data["attempt"] < 1 or not 0 <= data["priority"] <= 9:
             raise ValueError("field 'attempt' or 'priority' is out of range")
-        return cls(**{name: data[name] for name in (*expected, "meta") if name in data})
+        return cls(**{name: data[name] for name in (*expected, "meta", "policy", "due") if name in data})
 
 
 def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float) -> str:

@@ -234,7 +234,7 @@ class _Batch:
     def _finish_done(self, done: list[tuple[_Run, Any, str]], now: float) -> list[tuple[_Run, Any, str]]:
         """Finish the succeeded items in one call; returns those whose outcome is theirs to store."""
         extras = self.items[1:]
-        qlat = _latencies([(it.started_at or now) - it.env.dispatched_at for it in extras if it.env.attempt == 1])
+        qlat = _latencies([(it.started_at or now) - it.env.ready_at for it in extras if it.env.attempt == 1])
         if not done and not qlat.buckets:
             return []
         finished_at = time.time()

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError, RedisError, ResponseError
 
 from lanes.redis_client import get_redis
 
@@ -90,3 +90,123 @@ def call(name: str, keys: Sequence[Any], args: Sequence[Any], directory: Path | 
         return reply
     finally:
         pool.release(conn)
+
+
+class NotSent(RedisError):
+    """A call never sent: the connection had failed before (``cause``). Nothing of it was written."""
+
+    def __init__(self, cause: RedisError) -> None:
+        super().__init__(f"not sent: {cause}")
+        self.cause = cause
+
+
+class ScriptStream:
+    """Batches of calls of one script, sent on one connection with the next batch sent before the last is read.
+
+    So the caller prepares batch N+1 while Redis runs batch N: one round trip
+    per batch, and the caller's work overlaps Redis'. One connection keeps the
+    order: Redis runs the calls in the order they were sent. The first batch
+    carries ``SCRIPT LOAD`` ahead of its calls (same round trip), so a server
+    that lost the script (restart, ``SCRIPT FLUSH``) has it again. Never raises:
+    ``receive`` gives each call its reply or the ``RedisError`` it met (a
+    ``ResponseError`` of that call alone; the connection's error for every call
+    not yet answered, in this batch and those sent after it: their outcome is
+    unknown; ``NotSent`` for the calls of a batch not sent because the
+    connection had failed: nothing of them was written). Use as a context
+    manager; ``replicas_confirmed`` then ``WAIT``s once for every write.
+    """
+
+    def __init__(self, name: str, directory: Path | None = None) -> None:
+        self.name, self.directory = name, directory
+        self._conn: Any = None
+        self._pool: Any = None
+        self._error: RedisError | None = None
+        self._loaded = False
+        self._in_flight: list[tuple[int, bool, bool]] = []  # (calls, SCRIPT LOAD reply first, sent) a batch
+
+    def __enter__(self) -> ScriptStream:
+        try:
+            found = script(self.name, self.directory)
+            self._sha, self._source = found.sha, found.script
+            self._pool = found.registered_client.connection_pool  # type: ignore[union-attr]
+            self._conn = self._pool.get_connection()
+        except RedisError as exc:
+            self._error = NotSent(exc)
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self._conn is not None:
+            if self._in_flight or self._error is not None:  # replies left unread: the connection is out of step
+                self._conn.disconnect()
+            self._pool.release(self._conn)
+            self._conn = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> None:
+        """Send one batch (``(keys, args)`` per call); its replies come from a later ``receive``."""
+        load = not self._loaded
+        sent = self._error is None
+        if sent:
+            commands = [("SCRIPT", "LOAD", self._source)] if load else []
+            commands += [("EVALSHA", self._sha, len(keys), *keys, *args) for keys, args in calls]
+            try:
+                # No health check (a PING read) while replies are pending: it would read one of theirs.
+                self._conn.send_packed_command(_pack(self._conn, commands), check_health=not self._in_flight)
+                self._loaded = True
+            except RedisError as exc:  # part may have gone out: unknown, like an unanswered call
+                self._error = exc
+        self._in_flight.append((len(calls), load and self._loaded, sent))
+
+    def receive(self) -> list[Any]:
+        """The replies of the oldest batch sent and not yet received, in order."""
+        count, load, sent = self._in_flight.pop(0)
+        if self._error is not None:
+            error = self._error
+            if not sent and not isinstance(error, NotSent):
+                error = NotSent(error)
+            return [error] * count
+        replies: list[Any] = []
+        try:
+            if load:
+                try:
+                    self._conn.read_response()
+                except ResponseError:  # the calls then answer NOSCRIPT, each its own error
+                    pass
+            while len(replies) < count:
+                try:
+                    replies.append(self._conn.read_response())
+                except ResponseError as exc:
+                    replies.append(exc)
+        except RedisError as exc:  # the connection broke (redis-py dropped it): the rest are unknown
+            self._error = exc
+            replies += [exc] * (count - len(replies))
+        return replies
+
+    def replicas_confirmed(self, replicas: int, timeout_ms: int) -> RedisError | None:
+        """``WAIT replicas timeout_ms`` for every write sent so far; None when enough replicas hold them."""
+        if self._error is not None:
+            return self._error
+        try:
+            self._conn.send_command("WAIT", replicas, timeout_ms)
+            confirmed = int(self._conn.read_response())
+        except RedisError as exc:
+            self._error = exc
+            return exc
+        return None if confirmed >= replicas else ReplicaAcksMissing(replicas, confirmed, timeout_ms)
+
+
+def _pack(conn: Any, commands: list[tuple[Any, ...]]) -> Any:
+    """The commands in Redis' protocol; with hiredis, one C call each (redis-py's packing costs more than
+    preparing a dispatch)."""
+    if _pack_command is None:
+        return conn.pack_commands(commands)
+    return [b"".join(_pack_command(command) for command in commands)]
+
+
+try:
+    from hiredis import pack_command as _pack_command
+except ImportError:  # pragma: no cover - hiredis is in requirements.txt; redis-py's own packing serves without it
+    _pack_command = None  # type: ignore[assignment]

@@ -1,0 +1,240 @@
+"""Admission of one dispatch, shared by ``dispatch`` (one call) and ``dispatch_many`` (a chunk per call).
+
+``prepare`` validates a dispatch against the task types in force and builds
+admit.lua's arguments; ``interpret`` turns admit.lua's reply into the
+``DispatchResult`` the caller gets; ``unavailable`` is the answer when Redis
+did not give one. ``tasks.dispatch.admit`` runs them for one item,
+``tasks.bulk.dispatch_many`` for many items in one round trip: both accept and
+refuse exactly the same input, with the same reasons.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import redis
+from celery import current_app
+from celery.result import AsyncResult
+from django.conf import settings
+
+from lanes import keys
+from lanes.consumers import no_consumer_detail
+from lanes.messages import Envelope, build_message
+from lanes.priorities import to_kombu
+from tasks import config
+from tasks import signals as lifecycle
+from tasks.estimate import estimate_delay, limit_wait
+from tasks.schedule import due_at
+from tasks.validation import Checked, Invalid, check_dispatch, check_limits, shown
+
+
+@dataclass
+class DispatchResult:
+    accepted: bool
+    task_id: str | None = None
+    queue: str | None = None
+    priority: int | None = None
+    position: int | None = None
+    reason: str | None = None
+    detail: str = ""
+    duplicate: bool = False
+    estimated_delay: float | None = None
+
+    def get(self, timeout: float | None = None, propagate: bool = True, interval: float = 0.1) -> Any:
+        """Wait for the task's outcome, like Celery's ``AsyncResult.get``."""
+        if not self.task_id:
+            raise ValueError(f"dispatch was not accepted ({self.reason}): there is no task to wait for")
+        return self.async_result().get(timeout=timeout, propagate=propagate, interval=interval)
+
+    def async_result(self) -> AsyncResult:
+        return AsyncResult(self.task_id, app=current_app._get_current_object())
+
+    @property
+    def id(self) -> str | None:
+        return self.task_id
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rejected(type_name: str, lane: str, reason: str, detail: str) -> DispatchResult:
+    result = DispatchResult(accepted=False, reason=reason, detail=detail)
+    lifecycle.emit_rejected(type_name, lane, reason, detail)
+    return result
+
+
+def payload_digest(payload_json: str) -> str:
+    return hashlib.blake2b(payload_json.encode("utf-8"), digest_size=16).hexdigest()
+
+@dataclass(frozen=True)
+class Prepared:
+    """One dispatch validated against a config snapshot: admit.lua's arguments, and what reading its reply needs."""
+
+    tc: config.TypeConf
+    checked: Checked
+    now: float
+    task_id: str
+    #: ``lanes.lua.admit.admit``'s keyword arguments.
+    script_args: dict[str, Any]
+    #: When it was sent for later (``countdown``/``eta``): its due time, seconds since the epoch.
+    due: float | None = None
+
+
+def prepare(
+    snap: config.Snapshot, task_type: Any, payload: Any, *, task_id: str, replace_idempotency: bool = False,
+    chat_id: Any = None, priority: Any = None, idempotency_key: Any = None, timeout: Any = None,
+    metadata: Any = None, limit_key: Any = None, countdown: Any = None, eta: Any = None, retry_policy: Any = None,
+) -> Prepared:
+    """Validate one dispatch against ``snap`` and build its message; raise ``Invalid`` naming what is wrong.
+
+    Shared by ``admit`` (one call) and ``tasks.bulk.dispatch_many`` (a chunk
+    of them in one round trip), so both accept and refuse exactly the same input.
+    """
+    tc = snap.types.get(task_type) if isinstance(task_type, str) else None
+    if tc is None:
+        raise Invalid("unknown_type", f"no task type named {shown(task_type, 100)}")
+    checked = check_dispatch(
+        type_name=tc.name, enabled=tc.enabled, chat_scoped=tc.chat_scoped,
+        max_payload_bytes=tc.max_payload_bytes, default_priority=tc.priority,
+        default_timeout_s=tc.timeout_s, payload=payload, priority=priority, timeout=timeout,
+        chat_id=chat_id, idempotency_key=idempotency_key, metadata=metadata,
+    )
+    bases = _limit_bases(tc, checked.chat_id, limit_key) if tc.limits or limit_key is not None else ()
+    lane = snap.lanes.get(tc.lane)
+    chat = checked.chat_id if tc.chat_scoped else ""
+    now = time.time()
+    due = None
+    if countdown is not None or eta is not None:
+        due = due_at(countdown=countdown, eta=eta, now_s=now, deadline_s=now + checked.timeout_s,
+                     max_delay_s=settings.DISPATCH_MAX_DELAY_S)
+    if retry_policy is not None:
+        _check_policy(retry_policy, snap)
+    envelope = Envelope(
+        type=tc.name, lane=tc.lane, priority=checked.priority, attempt=1,
+        deadline=now + checked.timeout_s, dispatched_at=now, chat=chat,
+        key=checked.idempotency_key, meta=checked.metadata or None, policy=retry_policy or "",
+        due=due or 0.0,
+    )
+    soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
+    message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit)
+    script_args = dict(
+        version=snap.version, now=now, task_id=task_id, message=message, kombu_priority=to_kombu(checked.priority),
+        lane=tc.lane, task_type=tc.name, accepting=lane is None or lane.accepting,
+        capacity=lane.capacity if lane else 0, chat=chat, chat_queue_size=tc.chat_queue_size,
+        idempotency_key=checked.idempotency_key or "",
+        payload_digest=payload_digest(checked.payload_json) if checked.idempotency_key else "",
+        idempotency_window_s=tc.idempotency_window_s,
+        queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+        replace_idempotency=replace_idempotency, deadline=envelope.deadline, limits=bases, due=due or 0.0,
+    )
+    return Prepared(tc, checked, now, task_id, script_args, due)
+
+
+#: The options a caller may give one dispatch (``prepare``'s, as ``dispatch.delay`` takes them), by name and
+#: in bulk items: an option added to ``prepare`` is accepted everywhere at once.
+DISPATCH_OPTIONS = frozenset(
+    name for name, param in inspect.signature(prepare).parameters.items()
+    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "replace_idempotency")
+)
+
+
+def confirm_config(snap: config.Snapshot) -> config.Snapshot:
+    """The config as Redis has it now, when a rejection may come from a cached one older than an admin save.
+
+    One GET, on the rejection path only; ``snap`` itself if Redis does not answer.
+    """
+    try:
+        return config.refresh_if_changed()
+    except redis.RedisError:
+        return snap
+
+
+def rejected_invalid(snap: config.Snapshot, task_type: Any, exc: Invalid) -> DispatchResult:
+    """The result of a dispatch that failed validation (``prepare`` raised ``exc``)."""
+    tc = snap.types.get(task_type) if isinstance(task_type, str) else None
+    name = tc.name if tc else task_type[:100] if isinstance(task_type, str) else shown(task_type, 100)
+    return _rejected(name, tc.lane if tc else "", exc.reason, exc.detail)
+
+
+def config_kept_changing() -> DispatchResult:
+    return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
+
+
+def _limit_bases(tc: config.TypeConf, chat_id: str, limit_key: Any) -> tuple[str, ...]:
+    """The limit instances a task of ``tc`` is subject to (``keys.limit_base``), in the type's order."""
+    key = check_limits(type_name=tc.name, limits=tuple((r.name, r.scope) for r in tc.limits), limit_key=limit_key,
+                       chat_id=chat_id)
+    value = {"global": "", "chat": chat_id, "key": key}
+    return tuple(keys.limit_base(ref.name, value[ref.scope]) for ref in tc.limits)
+
+
+def _check_policy(name: Any, snap: config.Snapshot) -> None:
+    """``unknown_retry_policy`` unless ``name`` is a RetryPolicy that exists."""
+    if not isinstance(name, str) or name not in snap.policies:
+        known = ", ".join(sorted(snap.policies)[:10]) or "none"
+        raise Invalid("unknown_retry_policy", f"no retry policy named {shown(name, 80)} (known: {known})")
+
+
+def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
+    """``unavailable``, saying whether the admission script may have run.
+
+    An error while connecting (or Redis still loading its data) means the script
+    was never sent: nothing was written. Any other error (a timeout, a connection
+    cut while waiting for the answer) leaves the outcome unknown: the task may be
+    stored. Either way a caller retries with the same idempotency key, which
+    returns the stored task if there is one and never makes a second.
+    """
+    never_sent = task_id is None or isinstance(exc, (redis.AuthenticationError, redis.BusyLoadingError)) or (
+        isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) and "connecting to" in str(exc))
+    if never_sent:
+        detail = f"nothing was written: Redis unreachable ({exc}); retry later"
+    else:
+        detail = (f"outcome unknown: Redis did not answer ({exc}); the task may have been stored as {task_id}; "
+                  "retry with the same idempotency key")
+    return DispatchResult(accepted=False, reason="unavailable", detail=detail)
+
+
+def interpret(reply: list, status: str, prepared: Prepared, limits: dict[str, dict] | None = None) -> DispatchResult:
+    """The ``DispatchResult`` admit.lua's ``reply`` (not 'stale') means for ``prepared``."""
+    tc, checked, task_id, now = prepared.tc, prepared.checked, prepared.task_id, prepared.now
+    if status == "dup":
+        return DispatchResult(True, reply[1].decode(), tc.lane, checked.priority, duplicate=True)
+    if status == "conflict":
+        return _rejected(
+            tc.name, tc.lane, "idempotency_conflict",
+            f"idempotency key {checked.idempotency_key!r} was used by task {reply[1].decode()} with another payload",
+        )
+    if status == "rej":
+        reason = reply[1].decode()
+        detail = {
+            "lane_closed": f"lane '{tc.lane}' is not accepting tasks",
+            "lane_full": f"lane '{tc.lane}' holds {int(reply[2])} tasks, its capacity",
+            "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
+        }.get(reason, reason)
+        return _rejected(tc.name, tc.lane, reason, detail)
+    position = int(reply[1])
+    waits_on = reply[10].decode() if len(reply) > 10 else ""
+    limit = None
+    if waits_on:  # a limit did not admit it yet: its turn there bounds the wait
+        name = waits_on[len(keys.LIMIT_PREFIX):].split(":", 1)[0]
+        limit = limit_wait(name, int(reply[11]), (limits or {}).get(name), paused_for_s=int(reply[12]) / 1000)
+    estimated, why = estimate_delay(
+        lane=tc.lane, ahead_in_lane=int(reply[5]), ahead_in_chat=position - 1 if tc.chat_scoped else 0,
+        completed=int(reply[3]) + int(reply[4]), busy_s=float(reply[6]) + float(reply[7]),
+        window_s=60 + now % 60, paused=int(reply[8]) == 1, consumers=int(reply[9]), limit=limit,
+    )
+    if int(reply[9]) == 0 and int(reply[8]) != 1:
+        why = no_consumer_detail(tc.lane)
+    due = prepared.due
+    if due is not None and int(reply[8]) != 1 and int(reply[9]) != 0:
+        # Sent for later: it cannot start before it is due, nor before the work ahead of it
+        # now (when that can be estimated: the lane may have drained by then).
+        estimated, why = round(max(estimated or 0.0, due - now), 3), ""
+    result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
+                            estimated_delay=estimated)
+    lifecycle.emit_queued(task_id, tc.name, tc.lane, checked.chat_id if tc.chat_scoped else "")
+    return result

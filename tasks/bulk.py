@@ -1,0 +1,238 @@
+"""``dispatch_many``: many dispatches of one task type, one Redis round trip per chunk of items.
+
+Each item is admitted or rejected on its own, exactly as ``dispatch.delay``
+would (the same validation, the same admit.lua, the same reasons), and the
+results come back in input order. What changes is the cost: a chunk of
+``CHUNK_ITEMS`` items is validated in the caller and its admit.lua calls are
+pipelined on one connection, so a chunk pays one round trip instead of one per
+item. The contract is the same: accepted means stored; an item whose answer
+was lost with the connection is ``unavailable`` with "outcome unknown", and a
+retry with the same idempotency keys returns the stored tasks and never makes a
+second.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+from celery import shared_task
+from django.conf import settings
+
+from lanes.lua.admit import keys_and_args as lua_keys_and_args
+from lanes.lua.admit import reports_a_task
+from lanes.lua.admit import stream as lua_stream
+from lanes.lua.loader import NotSent
+from tasks import config
+from tasks.admission import (
+    DISPATCH_OPTIONS,
+    DispatchResult,
+    Prepared,
+    config_kept_changing,
+    confirm_config,
+    interpret,
+    prepare,
+    rejected_invalid,
+    unavailable,
+)
+from tasks.validation import Invalid, shown
+
+logger = logging.getLogger(__name__)
+
+#: Items admitted in one Redis round trip: large enough that the round trip is
+#: noise, small enough that one chunk's scripts keep Redis busy for only a few ms.
+CHUNK_ITEMS = 500
+#: Rounds a chunk makes when admit.lua answers 'stale' (an admin save landed mid-chunk).
+MAX_ROUNDS = 4
+
+
+def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None = None,
+                  metadata: dict | None = None) -> list[DispatchResult]:
+    """Dispatch each of ``items`` as a task of ``task_type``; one ``DispatchResult`` per item, in order.
+
+    An item is a payload (a JSON object), or a pair ``(payload, options)``
+    whose options are ``dispatch.delay``'s keyword arguments (``chat_id``,
+    ``priority``, ``idempotency_key``, ``timeout``, ``metadata``, ``limit_key``,
+    ...). ``timeout`` and ``metadata`` here are every item's default; an item's
+    own options win. Never raises for bad input: a bad item is a rejection with
+    its reason, and the other items are admitted regardless.
+    """
+    entries = list(items)
+    results: list[DispatchResult | None] = [None] * len(entries)
+    try:
+        snap = config.current()
+    except redis.RedisError as exc:
+        return [unavailable(exc, None) for _ in entries]
+    defaults = {"timeout": timeout, "metadata": metadata}
+    queue: deque[tuple[int, Any, dict[str, Any], str]] = deque()
+    for index, item in enumerate(entries):
+        try:
+            payload, options = split_item(item, defaults)
+        except Invalid as exc:
+            results[index] = rejected_invalid(snap, task_type, exc)
+            continue
+        queue.append((index, payload, options, str(uuid.uuid4())))
+    _Admission(task_type, snap, results).run(queue)
+    return results  # type: ignore[return-value]  # _Admission.run fills every slot left
+
+
+def split_item(item: Any, defaults: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """``(payload, options)`` of one item, the call's defaults under its own; ``Invalid`` if its shape is wrong.
+
+    A pair is a tuple or list of two (a JSON list is never a payload, so
+    ``[payload, options]`` read from JSON means the same); anything else is
+    the payload itself, which validation then judges.
+    """
+    if not isinstance(item, (tuple, list)):
+        return item, dict(defaults)
+    if len(item) != 2:
+        raise Invalid("invalid_payload", f"an item is a payload or a (payload, options) pair, not a sequence of "
+                                         f"{len(item)}")
+    payload, options = item
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise Invalid("invalid_payload", f"an item's options must be a dict of dispatch options, not "
+                                         f"{type(options).__name__}")
+    unknown = sorted(shown(name, 40) for name in options if not isinstance(name, str) or name not in DISPATCH_OPTIONS)
+    if unknown:
+        raise Invalid("invalid_payload", f"unknown dispatch options: {', '.join(unknown)} "
+                                         f"(known: {', '.join(sorted(DISPATCH_OPTIONS))})")
+    merged = dict(defaults)
+    merged.update(options)
+    return payload, merged
+
+
+class _Admission:
+    """The items of one ``dispatch_many`` call through admit.lua, a chunk per round trip.
+
+    Chunk N+1 is validated and sent before chunk N's replies are read, so the
+    caller's work overlaps Redis'; one connection keeps the items in order.
+    Replies are read into ``answered`` and turned into results only at the
+    end, once ``DISPATCH_REPLICA_ACKS`` replicas (if any) confirmed them all.
+    A 'stale' reply (an admin save landed mid-call) puts the items from there
+    on back at the front of the queue, to be judged again by the new config.
+    """
+
+    def __init__(self, task_type: Any, snap: config.Snapshot, results: list[DispatchResult | None]) -> None:
+        self.task_type, self.snap, self.results = task_type, snap, results
+        self.answered: list[tuple[int, Prepared, Any, dict]] = []
+        self.sent: deque[list[tuple[int, Prepared]]] = deque()
+        self.entries: dict[int, tuple[int, Any, dict[str, Any], str]] = {}
+        self.confirmed = False
+        self.rounds = 0
+
+    def run(self, queue: deque[tuple[int, Any, dict[str, Any], str]]) -> None:
+        self.entries = {entry[0]: entry for entry in queue}
+        with lua_stream() as stream:
+            while queue or self.sent:
+                if queue:
+                    chunk = [queue.popleft() for _ in range(min(CHUNK_ITEMS, len(queue)))]
+                    version = self.snap.version
+                    prepared = self._prepare(chunk)
+                    if self.snap.version != version and self.sent:
+                        # Validation met a newer config: the chunks in flight went out under the old one. Those
+                        # that come back stale must be admitted before this chunk, as they come before it.
+                        stale = self._drain(stream)
+                        if stale:
+                            queue.extendleft(self.entries[index] for index, _ in reversed(prepared))
+                            self._requeue(stale, queue)
+                            continue
+                    if prepared:
+                        stream.send([lua_keys_and_args(**p.script_args) for _, p in prepared])
+                        self.sent.append(prepared)
+                # One chunk may wait in Redis while the next is prepared; past that, or at the end, read.
+                if len(self.sent) > 1 or (self.sent and not queue):
+                    stale = self._receive(stream)
+                    if stale:
+                        self._requeue(stale + self._drain(stream), queue)
+            failed = stream.replicas_confirmed(settings.DISPATCH_REPLICA_ACKS,
+                                               settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS) \
+                if settings.DISPATCH_REPLICA_ACKS > 0 and any(
+                    not isinstance(reply, redis.RedisError) and reports_a_task(reply)
+                    for _, _, reply, _ in self.answered) else None
+        lost = 0
+        for index, item, reply, limits in self.answered:
+            if failed is not None and not isinstance(reply, redis.RedisError) and reports_a_task(reply):
+                reply = failed
+            if isinstance(reply, redis.RedisError):
+                if isinstance(reply, NotSent):
+                    self.results[index] = unavailable(reply.cause, None)
+                else:
+                    self.results[index] = unavailable(reply, item.task_id)
+                lost += 1
+            else:
+                self.results[index] = interpret(reply, reply[0].decode(), item, limits)
+        if lost:
+            logger.warning("dispatch_many_unavailable type=%s items=%d", shown(self.task_type, 100), lost)
+
+    def _prepare(self, chunk: list[tuple[int, Any, dict[str, Any], str]]) -> list[tuple[int, Prepared]]:
+        """Validate ``chunk`` against the config; rejections are final, the rest go to Redis."""
+        prepared: list[tuple[int, Prepared]] = []
+        invalid: list[tuple[int, Invalid]] = []
+        for index, payload, options, task_id in chunk:
+            try:
+                prepared.append((index, prepare(self.snap, self.task_type, payload, task_id=task_id, **options)))
+            except Invalid as exc:
+                invalid.append((index, exc))
+        if invalid and not self.confirmed:
+            # As in admit: a rejection may come from a cached config older than a fresh admin save.
+            self.confirmed = True
+            fresh = confirm_config(self.snap)
+            if fresh.version != self.snap.version:
+                self.snap = fresh
+                return self._prepare(chunk)
+        for index, error in invalid:
+            self.results[index] = rejected_invalid(self.snap, self.task_type, error)
+        return prepared
+
+    def _receive(self, stream: Any) -> list[tuple[int, str]]:
+        """Read the oldest chunk's replies; returns its 'stale' items (index, Redis' config version)."""
+        batch = self.sent.popleft()
+        stale: list[tuple[int, str]] = []
+        for (index, item), reply in zip(batch, stream.receive(), strict=True):
+            if not isinstance(reply, redis.RedisError) and reply[0] == b"stale":
+                stale.append((index, reply[1].decode()))
+            else:
+                self.answered.append((index, item, reply, self.snap.limits))
+        return stale
+
+    def _drain(self, stream: Any) -> list[tuple[int, str]]:
+        """Read every chunk in flight; returns their stale items, in order (once one is stale, all after it are:
+        Redis' config version only moves forward)."""
+        stale: list[tuple[int, str]] = []
+        while self.sent:
+            stale += self._receive(stream)
+        return stale
+
+    def _requeue(self, stale: list[tuple[int, str]], queue: deque) -> None:
+        """Put the stale items back at the front of ``queue``, in order, under the config Redis has now."""
+        self.rounds += 1
+        if self.rounds >= MAX_ROUNDS:
+            for index, _ in stale:
+                self.results[index] = config_kept_changing()
+            return
+        try:
+            self.snap = config.ensure(stale[-1][1])
+        except redis.RedisError as exc:  # nothing of these was written: admit.lua stopped at the version
+            for index, _ in stale:
+                self.results[index] = unavailable(exc, None)
+            return
+        queue.extendleft(self.entries[index] for index, _ in reversed(stale))
+
+
+@shared_task(name="tasks.dispatch_many", typing=False)
+def dispatch_many_by_name(task_type: Any = None, items: Any = None, **options: Any) -> list[dict[str, Any]]:
+    """Run by an ``ingress`` worker for callers that send ``tasks.dispatch_many`` by name: one dict per item."""
+    if not isinstance(items, list):
+        detail = f"items must be a list of payloads or [payload, options] pairs, not {type(items).__name__}"
+        return [DispatchResult(False, reason="invalid_payload", detail=detail).as_dict()]
+    unknown = sorted(set(options) - {"timeout", "metadata"})
+    if unknown:
+        detail = f"unknown dispatch_many options: {unknown} (known: metadata, timeout)"
+        return [DispatchResult(False, reason="invalid_payload", detail=detail).as_dict() for _ in items]
+    return [result.as_dict() for result in dispatch_many(task_type, items, **options)]
