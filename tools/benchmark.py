@@ -47,6 +47,7 @@ SYSTEMS: dict[str, str] = {
     "chat": "platform chat-scoped type, 1,000 chats",
     "dramatiq": "Dramatiq actor (.send; reference)",
     "batch": "platform batched type (dispatch.delay; batches of up to 100, I/O once per batch)",
+    "batch-bulk": "platform batched type, sent with dispatch_many (chunks of 500)",
 }
 WORKLOADS: dict[str, str] = {
     "dispatch": "dispatch only (calls/s, nobody consuming)",
@@ -335,7 +336,8 @@ class Bench:
                                 str(threads), "-Q", "bench-dramatiq"], env, log))
             self._wait(lambda: _count_in(log, offset, b"ready for action") >= n_procs, procs, "dramatiq")
             return procs
-        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE, "batch": BATCH_LANE}[system]
+        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE, "batch": BATCH_LANE,
+                 "batch-bulk": BATCH_LANE}[system]
         for i in range(self.o.instances):
             procs.append(_Proc(
                 [str(BIN / "celery"), "-A", "dispatchsite", "worker", "-Q", queue, "-n", f"bench{i}-{system}@%h",
@@ -573,8 +575,11 @@ def produce(spec: dict) -> dict[str, Any]:
             send(i)
         by0, cpu0, rt0 = _commandstats(r), time.process_time(), probe.snapshot().get("redis_round_trips", 0)
         t0 = time.perf_counter()
-        for i in range(n):
-            rejected += send(i)
+        if system == "batch-bulk":
+            rejected += _send_bulk(n, ms)
+        else:
+            for i in range(n):
+                rejected += send(i)
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         rt = probe.snapshot().get("redis_round_trips", 0) - rt0
@@ -596,8 +601,11 @@ def produce(spec: dict) -> dict[str, Any]:
     rt0 = probe.snapshot().get("redis_round_trips", 0)
     pcpu0 = time.process_time()
     t0 = time.perf_counter()
-    for i in range(n):
-        rejected += send(i)
+    if system == "batch-bulk":
+        rejected += _send_bulk(n, ms)
+    else:
+        for i in range(n):
+            rejected += send(i)
     pcpu = time.process_time() - pcpu0
     rt_pub = probe.snapshot().get("redis_round_trips", 0) - rt0
     polls = _wait_drained(empty, timeout=600)
@@ -642,13 +650,28 @@ def _sender(system: str, chats: int, ms: float) -> Callable[[int], int]:
         if system == "platform":
             def send(i: int) -> int:
                 return 0 if dispatch.delay(PLAIN_TYPE, {"n": i, "ms": ms}).accepted else 1
-        elif system == "batch":
+        elif system in ("batch", "batch-bulk"):
             def send(i: int) -> int:
                 return 0 if dispatch.delay(BATCH_TYPE, {"n": i, "ms": ms}).accepted else 1
         else:
             def send(i: int) -> int:
                 return 0 if dispatch.delay(CHAT_TYPE, {"n": i, "ms": ms}, chat_id=f"bc-{i % chats}").accepted else 1
     return send
+
+
+#: Items per ``dispatch_many`` call of the ``batch-bulk`` system.
+BULK_CHUNK = 500
+
+
+def _send_bulk(n: int, ms: float) -> int:
+    """Send ``n`` tasks of the batched type with ``dispatch_many``; returns how many were rejected."""
+    from tasks.bulk import dispatch_many
+
+    rejected = 0
+    for start in range(0, n, BULK_CHUNK):
+        results = dispatch_many(BATCH_TYPE, [{"n": i, "ms": ms} for i in range(start, min(n, start + BULK_CHUNK))])
+        rejected += sum(1 for r in results if not r.accepted)
+    return rejected
 
 
 def _sms_sender(system: str, channels: int) -> Callable[[int], int]:
@@ -702,7 +725,7 @@ def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
     if system == "celery":
         queues, extra = keys.lane_queues("bench-celery"), []
     else:
-        lane = {"platform": PLAIN_LANE, "batch": BATCH_LANE}.get(system, CHAT_LANE)
+        lane = {"platform": PLAIN_LANE, "batch": BATCH_LANE, "batch-bulk": BATCH_LANE}.get(system, CHAT_LANE)
         queues, extra = keys.lane_queues(lane), [keys.lane_chat_waiting(lane), keys.lane_delayed(lane)]
 
     def empty() -> bool:
