@@ -30,7 +30,11 @@ def test_quick_benchmark_prints_every_row():
             continue
         assert row["status"] == "ok", row
         assert row["median"] > 0 and row["rates"]
-        assert row["redis_round_trips_per_task"] >= 1
+        if (workload, system) == ("dispatch", "batch-bulk"):
+            # dispatch_many: one admission call per chunk of 500 items.
+            assert 0 < row["redis_round_trips_per_task"] < 1, row
+        else:
+            assert row["redis_round_trips_per_task"] >= 1
         if workload != "dispatch" and system in ("platform", "chat"):
             # The platform writes its result row: measured, not assumed.
             assert row["sql_writes_per_task"] >= 1
