@@ -15,6 +15,7 @@ for why each per-task guarantee holds.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -189,7 +190,7 @@ class _Batch:
                 task_id=item.task_id, type=env.type, lane=env.lane, chat_id=env.chat, attempt=env.attempt,
                 deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or item.task_id,
                 metadata=env.meta or {}, options=tc.options)))
-            lifecycle.emit(lifecycle.task_started, lambda item=item: item._info(now))
+            lifecycle.emit(lifecycle.task_started, functools.partial(item._info, now))
         limit = min(tc.attempt_timeout_s, max(self.items[i].env.deadline - now for i in live))
         try:
             with _time_limit(limit, self.task.request):
@@ -254,7 +255,7 @@ class _Batch:
                 continue
             item.request.dispatch_settle = (item.record, _ROW_STATE["done"])
             stored.append((item, result, states.SUCCESS))
-            lifecycle.emit(lifecycle.task_finished, lambda item=item: item._info(finished_at, outcome="succeeded"))
+            lifecycle.emit(lifecycle.task_finished, functools.partial(item._info, finished_at, outcome="succeeded"))
         return stored
 
     def _store_rows(self, rows: list[tuple[_Run, Any, str]]) -> None:
