@@ -26,6 +26,7 @@ from lanes.consumers import no_consumer_detail
 from lanes.lua.admit import admit as lua_admit
 from lanes.messages import Envelope, build_message
 from lanes.priorities import to_kombu
+from tasks import cancel as cancelling
 from tasks import config
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
@@ -51,6 +52,12 @@ class DispatchResult:
         if not self.task_id:
             raise ValueError(f"dispatch was not accepted ({self.reason}): there is no task to wait for")
         return self.async_result().get(timeout=timeout, propagate=propagate, interval=interval)
+
+    def cancel(self, reason: str = "", *, by: str = "") -> cancelling.CancelResult:
+        """Cancel this task (``tasks.cancel.cancel_task``); a rejected dispatch answers ``invalid``."""
+        if not self.task_id:
+            return cancelling.CancelResult("", "invalid", f"dispatch was not accepted ({self.reason})")
+        return cancelling.cancel_task(self.task_id, reason, by=by)
 
     def async_result(self) -> AsyncResult:
         return AsyncResult(self.task_id, app=current_app._get_current_object())
@@ -230,6 +237,24 @@ class DispatchTask(Task):
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> DispatchResult:
         return admit(*(args or ()), **(kwargs or {}))
+
+    def cancel(self, task_id: Any, reason: Any = "", *, by: Any = "") -> cancelling.CancelResult:
+        """Cancel a task by id: removed if it waits, told if it runs; answers what it found, never raises."""
+        return cancelling.cancel_task(task_id, reason, by=by)
+
+    def cancel_chat(self, chat_id: Any, reason: Any = "", *, by: Any = "") -> list[cancelling.CancelResult]:
+        """Cancel everything queued for a chat (its running head is told)."""
+        return cancelling.cancel_chat(chat_id, reason, by=by)
+
+    def cancel_key(self, task_type: Any, idempotency_key: Any, reason: Any = "", *,
+                   by: Any = "") -> cancelling.CancelResult:
+        """Cancel the task a ``(task_type, idempotency_key)`` names."""
+        return cancelling.cancel_key(task_type, idempotency_key, reason, by=by)
+
+
+#: ``from tasks.dispatch import cancel_chat`` (the same as ``dispatch.cancel_chat``).
+cancel_chat = cancelling.cancel_chat
+cancel_key = cancelling.cancel_key
 
 
 @shared_task(base=DispatchTask, name="tasks.dispatch", typing=False)

@@ -98,3 +98,38 @@ class UpsertBackend(DatabaseBackend):
         row, encoded = self.result_row(task_id, result, status, traceback, request)
         upsert_row(using, row)
         return encoded
+
+
+# --- cancelled tasks (issue 18: tasks.cancel) ----------------------------------
+
+
+def store_revoked(task_id: str, detail: str, request: Any = None) -> None:
+    """Record a cancel as Celery's ``REVOKED`` state, ``detail`` (reason and who asked) as its reason.
+
+    ``AsyncResult.get()`` then raises ``celery.exceptions.TaskRevokedError`` and
+    Flower's result view shows the state. Idempotent (the row is upserted).
+    """
+    from celery import current_app
+
+    current_app.backend.mark_as_revoked(task_id, detail, request=request)
+
+
+def stored_state(task_id: str) -> str | None:
+    """The state of ``task_id``'s result row, or None without one (a cancel answering what it found)."""
+    return TaskResult.objects.filter(task_id=task_id).values_list("status", flat=True).first()
+
+
+def announce_revoked(task_id: str) -> None:
+    """Send Celery's ``task-revoked`` event (Flower's live view), when workers send task events; never raise."""
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    if not app.conf.worker_send_task_events:
+        return
+    try:
+        with app.events.default_dispatcher() as dispatcher:
+            dispatcher.send("task-revoked", uuid=task_id, terminated=False, signum=None, expired=False)
+    except Exception:  # the cancel holds without the event
+        import logging
+
+        logging.getLogger(__name__).warning("revoked_event_not_sent task=%s", task_id, exc_info=True)
