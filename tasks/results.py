@@ -32,12 +32,16 @@ UPDATE_FIELDS = ("status", "result", "traceback", "meta", "content_encoding", "c
 #: Columns of one row, in the order :func:`upsert_rows` expects its tuples.
 ROW_FIELDS = ("task_id", *UPDATE_FIELDS, "date_created")
 
-_statements: dict[tuple[str, int], str] = {}
+_statements: dict[tuple[str, int, bool], str] = {}
 
 
-def _statement(connection: Any, n_rows: int) -> str:
-    """``INSERT ... VALUES (...) x n_rows ON CONFLICT (task_id) DO UPDATE``, built once per database and size."""
-    key = (connection.alias, n_rows)
+def _statement(connection: Any, n_rows: int, keep_ready: bool = False) -> str:
+    """``INSERT ... VALUES (...) x n_rows ON CONFLICT (task_id) DO UPDATE``, built once per database and size.
+
+    ``keep_ready``: the update leaves a row already in a final state alone (a
+    late RETRY must not replace the REVOKED row a cancel wrote meanwhile).
+    """
+    key = (connection.alias, n_rows, keep_ready)
     sql = _statements.get(key)
     if sql is None:
         q = connection.ops.quote_name
@@ -47,11 +51,14 @@ def _statement(connection: Any, n_rows: int) -> str:
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns[1:1 + len(UPDATE_FIELDS)])
         sql = (f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)}) VALUES {', '.join([row] * n_rows)} "
                f"ON CONFLICT ({q(meta.get_field('task_id').column)}) DO UPDATE SET {updates}")
+        if keep_ready:
+            final = ", ".join(f"'{state}'" for state in sorted(states.READY_STATES))
+            sql += f" WHERE {q(meta.db_table)}.{q(meta.get_field('status').column)} NOT IN ({final})"
         _statements[key] = sql
     return sql
 
 
-def upsert_rows(using: str | None, rows: Iterable[dict[str, Any]]) -> int:
+def upsert_rows(using: str | None, rows: Iterable[dict[str, Any]], keep_ready: bool = False) -> int:
     """Insert or overwrite result rows (dicts keyed by :data:`ROW_FIELDS` less the dates) in one statement.
 
     Both dates are set to now; on conflict ``date_created`` keeps its first
@@ -71,12 +78,12 @@ def upsert_rows(using: str | None, rows: Iterable[dict[str, Any]]) -> int:
         params.append(now)  # date_done
         params.append(now)  # date_created
     with connection.cursor() as cursor:
-        cursor.execute(_statement(connection, len(by_id)), params)
+        cursor.execute(_statement(connection, len(by_id), keep_ready), params)
     return len(by_id)
 
 
-def upsert_row(using: str | None, row: dict[str, Any]) -> None:
-    upsert_rows(using, (row,))
+def upsert_row(using: str | None, row: dict[str, Any], keep_ready: bool = False) -> None:
+    upsert_rows(using, (row,), keep_ready)
 
 
 class UpsertBackend(DatabaseBackend):
@@ -96,7 +103,8 @@ class UpsertBackend(DatabaseBackend):
         if status == states.STARTED:
             return super()._store_result(task_id, result, status, traceback, request, using)
         row, encoded = self.result_row(task_id, result, status, traceback, request)
-        upsert_row(using, row)
+        # A state that is not final (RETRY) never replaces a final one (a cancel's REVOKED).
+        upsert_row(using, row, keep_ready=status not in states.READY_STATES)
         return encoded
 
 
