@@ -160,6 +160,8 @@ def purge_lane(lane: str, reason: Any = "", *, by: Any = "") -> PurgeSummary:
             targets.append((record.rsplit(":", 1)[-1], record))
         if targets:
             for found in _run(detail, targets=targets, lane=lane, waiting_only=True):
+                if found.outcome == "elsewhere":  # a waiting task of another lane: not this purge's business
+                    continue
                 counts[found.outcome] = counts.get(found.outcome, 0) + 1
         if cursor == 0:
             break
@@ -198,6 +200,8 @@ def _run(detail: str, *, targets: Iterable[tuple[str, str]] = (), chat: str = ""
         except redis.RedisError:  # their settle lease runs out; a worker settles them then
             logger.warning("cancelled_records_not_settled count=%d", len(records))
     for found in out:
+        if found.outcome == "elsewhere":
+            continue
         logger.info("task_cancel task=%s outcome=%s by=%r", found.task_id, found.outcome, detail)
     return out
 

@@ -20,7 +20,7 @@
 --   stores the row from the record, as for a finished task), 'told' (running:
 --   flag 'cx' set, the worker reads it as ctx.cancelled), 'already' (cancelled
 --   before), 'done' / 'dead' (finished; detail: the stored result), 'unknown'
---   (no record, no tombstone), 'skipped' (another lane, or running in a purge).
+--   (no record, no tombstone), 'skipped' (running, in a purge), 'elsewhere' (another lane, in a purge).
 --
 -- A waiting task (queued, scheduled, parked for a retry, limited, or behind its
 -- chat's head) leaves everything that counts it: its lane list copy (searched
@@ -57,7 +57,7 @@ local function cancel_one(record, task_id)
   end
   if st == 'done' or st == 'dead' then return answer(task_id, st, f[10]) end
   if st == 'cancelled' then return answer(task_id, 'already', f[10]) end
-  if only_lane ~= '' and lane ~= only_lane then return answer(task_id, 'skipped', 'lane ' .. (lane or '')) end
+  if only_lane ~= '' and lane ~= only_lane then return answer(task_id, 'elsewhere') end
   if st == 'running' then
     if waiting_only then return answer(task_id, 'skipped', 'running') end
     -- Told, not stopped: its handler reads ctx.cancelled; it is never retried (retry.lua).
