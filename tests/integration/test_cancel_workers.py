@@ -153,3 +153,72 @@ def test_fifty_concurrent_cancels_and_dispatches_on_one_chat_keep_the_invariants
     assert not report.dead_reasons.keys() - {"cancelled"}
     wait_until(lambda: not list(rc.scan_iter(f"dispatch:chat:{{{chat}}}*")), timeout=15, what="chat keys gone")
     assert not rc.exists(keys.lane_chat_waiting(lane))
+
+
+def test_a_copy_of_a_cancelled_task_reaching_a_worker_is_dropped(start_worker, sink, rc):
+    """A worker had popped the message before the cancel (or a stale copy stays in the list): start.lua
+    sees the record (or its tombstone) say cancelled, and the handler never runs."""
+    name, lane = unique("cd"), unique("lcd")
+    define(name, handler="http.post", lane=lane, options={"url": sink.url}, timeout=120)
+    settled, unsettled = dispatch.delay(name, {"n": 0}), dispatch.delay(name, {"n": 1})
+    copies = {r.task_id: next(m for q in keys.lane_queues(lane) for m in rc.lrange(q, 0, -1) if r.task_id.encode() in m)
+              for r in (settled, unsettled)}
+    assert settled.cancel().outcome == "cancelled"
+    # The other one as if its canceller died between Redis and the row: cancelled in Redis, row not written.
+    from tasks import cancel as cancelling
+
+    detail = cancelling.describe("died midway", "test")
+    record = keys.task_record(unsettled.task_id)
+    [found] = lua_cancel_only(record, unsettled.task_id, detail)
+    assert found.outcome == "cancelled" and rc.hget(record, "st") == b"cancelled"
+    assert lane_depth_of(rc, lane) == 0
+    for copy in copies.values():  # the copies come back, as a popped one would reach a worker
+        rc.lpush(copy_queue(lane), copy)
+    start_worker(lane, pool="threads", concurrency=2)
+    wait_until(lambda: TaskResult.objects.filter(task_id=unsettled.task_id, status="REVOKED").exists(), timeout=30,
+               what="the worker storing the REVOKED row of the unsettled cancel")
+    wait_until(lambda: not rc.exists(record), timeout=10, what="the cancelled record settled")
+    wait_until(lambda: lane_depth_of(rc, lane) == 0, timeout=10, what="the copies consumed")
+    time.sleep(0.5)
+    assert not sink.sink.attempts  # neither ran
+    assert "died midway" in TaskResult.objects.get(task_id=unsettled.task_id).result
+    assert TaskResult.objects.get(task_id=settled.task_id).status == "REVOKED"
+
+
+def lua_cancel_only(record: str, task_id: str, detail: str):
+    import json
+
+    from django.conf import settings
+
+    from lanes.lua.cancel import cancel
+
+    return cancel(now=time.time(), detail=detail, detail_json=json.dumps(detail), tombstone_ttl_s=600,
+                  settle_lease_ms=int(settings.DISPATCH_LEASE_S * 1000), queued_lease_ms=60_000,
+                  targets=[(task_id, record)])
+
+
+def lane_depth_of(rc, lane: str) -> int:
+    return sum(rc.llen(q) for q in keys.lane_queues(lane))
+
+
+def copy_queue(lane: str) -> str:
+    from lanes.priorities import to_kombu
+
+    return keys.lane_queue(lane, to_kombu(5))  # the type's default priority
+
+
+def test_a_cancel_whose_process_died_before_the_row_is_recorded_by_the_sweep(start_worker, sink, rc):
+    """Redis said cancelled, the REVOKED row was never written (the canceller died): the record's settle
+    lease runs out, the sweep republishes it, a worker stores the row from the record and settles it."""
+    name, lane, chat = unique("cs"), unique("lcs"), unique("chat")
+    define(name, handler="http.post", lane=lane, chat_scoped=True, options={"url": sink.url}, timeout=120)
+    head, nxt = (dispatch.delay(name, {"seq": i}, chat_id=chat) for i in range(2))
+    record = keys.task_record(head.task_id, chat)
+    [found] = lua_cancel_only(record, head.task_id, "cancelled by test: died midway")
+    assert found.outcome == "cancelled"
+    start_worker(lane, pool="threads", concurrency=2)
+    wait_until(lambda: sink.sink.applied.get(nxt.task_id), timeout=30, what="the next message of the chat run")
+    wait_until(lambda: TaskResult.objects.filter(task_id=head.task_id, status="REVOKED").exists(), timeout=60,
+               what="the swept record's REVOKED row")
+    wait_until(lambda: not rc.exists(record), timeout=10, what="the cancelled record settled")
+    assert not sink.sink.attempts_for(head.task_id)
