@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 
+import redis
 from django.conf import settings
 
 from lanes import keys
@@ -249,13 +250,15 @@ def beat(lease_s: float, renew: bool) -> None:
     pipe.zrange(keys.PROCS, 0, -1, withscores=True)
     try:
         replies = pipe.execute()
-    except Exception:
+    except Exception as exc:
         with _lock:
             _out_of_hand.update(gone)
             _in_hand_unsent.update(r for r in unsent if r in _in_hand)
             for record in unheld:
                 _unheld.setdefault(record, 0.0)
-        logger.warning("liveness_beat_failed renewals=%d", len(running), exc_info=True)
+        # Redis away is an expected state (restart, failover): one line, retried next beat.
+        expected = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+        logger.warning("liveness_beat_failed renewals=%d error=%s", len(running), exc, exc_info=not expected)
         return
     with _lock:
         _peers[:] = [(m.decode() if isinstance(m, bytes) else str(m), float(score)) for m, score in replies[-1]]

@@ -38,8 +38,14 @@ for _, record in ipairs(expired) do
     redis.call('ZADD', KEYS[1], '+inf', record)
     commands = commands + 1
     parked = parked + 1
-  elseif finished or st == 'queued' or st == 'running' or st == 'retry' then
-    if st == 'retry' then redis.call('ZREM', ARGV[4] .. f[2], record) end
+  elseif st == 'retry' then
+    -- Due now, not published here: promotion publishes it through its limits'
+    -- gate (a retry's slots were given back when it was parked).
+    redis.call('ZADD', ARGV[4] .. f[2], now, record)
+    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), record)
+    commands = commands + 2
+    republished = republished + 1
+  elseif finished or st == 'queued' or st == 'running' then
     -- A finished record was never settled (its worker died before storing the
     -- result row): it keeps its state, so its copy only stores the row (start.lua).
     if publish_record(record, KEYS[1], now + tonumber(ARGV[3]), finished and st or nil) then

@@ -283,3 +283,34 @@ def test_estimated_delay_counts_the_turn_a_rate_limit_gives(rc):
     assert all(w is not None for w in waits), results
     for n, seconds in enumerate(waits):
         assert abs(seconds - (n + 1) / 2) < 0.01, (n, waits)
+
+
+def test_an_overdue_retry_goes_through_the_gate_not_around_it(rc):
+    """The sweep used to republish a retry whose lease ran out (maintenance away past its due
+    time plus the queued lease) straight onto the lane, past a full in-flight cap."""
+    from lanes.lua.retry import retry as lua_retry
+    from lanes.lua.sweep import sweep as lua_sweep
+    from tasks.maintenance import promote_due
+
+    lane = unique("ln")
+    lim = limit(unique("mif"), scope="global", max_in_flight=1)
+    tt = limited_type(unique("ty"), [lim], lane)
+    first = admit(tt.name, {}).task_id
+    record = keys.task_record(first)
+    now = time.time()
+    assert lua_start(task_id=first, record=record, chat="", attempt=1, owner="t:1:1", now=now, lease_ms=6000,
+                     max_deliveries=5, dead_owner="", metric_field="x|y", queue_latency_bucket="",
+                     queue_latency_s=0.0, process="t:1", liveness_ms=60_000)[0] == b"run"
+    lua_retry(record=record, lane=lane, now=now, next_attempt=2, message=rc.hget(record, "msg").decode(),
+              due=now, queued_lease_ms=120000, metric_field="x|y", owner="t:1:1", retry_after_s=0.0)
+    holder = admit(tt.name, {}).task_id  # takes the slot the parked retry gave back
+    base = keys.limit_base(lim.name)
+    assert holders(rc, base) == {keys.task_record(holder).encode()}
+    rc.zadd(keys.LEASES, {record: int(now * 1000) - 1})  # its lease ran out before promotion moved it
+    lua_sweep(now_ms=int(time.time() * 1000), batch=100, queued_lease_ms=120000)
+    promote_due()
+    assert published(rc, [first]) == [1]  # not published again while the cap is full
+    assert rc.hget(record, "st") == b"limited"
+    assert holders(rc, base) == {keys.task_record(holder).encode()}
+    run(holder)  # the slot comes back: the retry passes the gate now
+    assert published(rc, [first]) == [2]
