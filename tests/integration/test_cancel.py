@@ -166,3 +166,27 @@ def test_purge_lane_cancels_what_waits_and_leaves_running_tasks_and_other_lanes(
     assert not rc.exists(keys.chat_queue(chat))
     assert rc.zscore(keys.DEADLINES, keys.task_record(elsewhere.task_id)) is not None
     assert lane_depth(rc, other) == 1
+
+
+def test_a_limited_task_leaves_its_limit_and_a_cancelled_holder_frees_its_slot(rc):
+    from tests.integration.test_limits_scripts import limit, limited_type
+
+    lane = unique("lcl")
+    lim = limit(unique("cl"), scope="global", max_in_flight=1)
+    tt = limited_type(unique("cl"), [lim], lane)
+    first, second, third = (dispatch.delay(tt.name, {"n": i}) for i in range(3))
+    base = keys.limit_base(lim.name)
+    assert rc.smembers(keys.limit_holding(base)) == {keys.task_record(first.task_id).encode()}
+    assert waiting_counts(rc, lane) == {"lists": 1, "delayed": 0, "chat_waiting": 0, "limited": 2}
+    # A task waiting on the limit: out of its waiting set and the lane's limited count.
+    assert second.cancel().outcome == "cancelled"
+    assert rc.zrange(keys.limit_waiting(base), 0, -1) == [keys.task_record(third.task_id).encode()]
+    assert waiting_counts(rc, lane) == {"lists": 1, "delayed": 0, "chat_waiting": 0, "limited": 1}
+    # The holder (published, not started): its slot goes to the next waiting task in the same step.
+    assert first.cancel().outcome == "cancelled"
+    assert rc.smembers(keys.limit_holding(base)) == {keys.task_record(third.task_id).encode()}
+    assert waiting_counts(rc, lane) == {"lists": 1, "delayed": 0, "chat_waiting": 0, "limited": 0}
+    assert rc.hget(keys.task_record(third.task_id), "st") == b"queued"
+    assert third.cancel().outcome == "cancelled"
+    assert not rc.exists(keys.limit_holding(base), keys.limit_waiting(base), keys.lane_limited(lane))
+    assert rc.zscore(keys.limit_instances(lim.name), base) is None
