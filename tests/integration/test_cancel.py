@@ -190,3 +190,26 @@ def test_a_limited_task_leaves_its_limit_and_a_cancelled_holder_frees_its_slot(r
     assert third.cancel().outcome == "cancelled"
     assert not rc.exists(keys.limit_holding(base), keys.limit_waiting(base), keys.lane_limited(lane))
     assert rc.zscore(keys.limit_instances(lim.name), base) is None
+
+
+def test_http_post_checks_ctx_cancelled_before_sending(rc, sink):
+    import time
+
+    from tasks.context import Context
+    from tasks.errors import TaskCancelled
+    from tasks.handlers.http import post
+
+    record = keys.task_record(unique("t"))
+    ctx = Context(task_id="t1", type="x", lane="l", chat_id="", attempt=1, deadline=time.time() + 30,
+                  attempt_deadline=time.time() + 10, idempotency_key="k1", options={"url": sink.url},
+                  _record=record)
+    rc.hset(record, "st", "running")
+    assert not ctx.cancelled
+    assert post({"n": 1}, ctx) == {"status": 200}
+    rc.hset(record, "cx", "cancelled by test")
+    assert ctx.cancelled
+    with pytest.raises(TaskCancelled):
+        post({"n": 2}, ctx)
+    assert [a.body for a in sink.sink.attempts] == [{"n": 1}]  # the second was never sent
+    assert not Context(task_id="t2", type="x", lane="l", chat_id="", attempt=1, deadline=0, attempt_deadline=0,
+                       idempotency_key="k").cancelled  # outside a worker: never cancelled
