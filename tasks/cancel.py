@@ -191,8 +191,8 @@ def _run(detail: str, *, targets: Iterable[tuple[str, str]] = (), chat: str = ""
             continue
         settled.append(found.task_id)
         results.announce_revoked(found.task_id)
-        lifecycle.emit(lifecycle.task_finished, lambda t=found.task_id: lifecycle.TaskInfo(
-            t, "", "", outcome="cancelled", reason="cancelled", detail=detail))
+        lifecycle.emit(lifecycle.task_finished, lambda f=found: lifecycle.TaskInfo(
+            f.task_id, f.type, f.lane, f.chat, outcome="cancelled", reason="cancelled", detail=detail))
     if settled:
         records = [r for t, r in _records(targets, chat, answers) if t in settled]
         try:

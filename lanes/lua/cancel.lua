@@ -13,7 +13,8 @@
 --   plain text (a running task's flag), 15 only this lane ('' for any),
 --   16 '1' to leave running tasks alone (a lane purge cancels what waits only),
 --   17.. the task ids of KEYS[7..], in the same order (mode 'records')
--- Returns a flat list {task_id, outcome, detail, ...}, one triple per target:
+-- Returns a flat list {task_id, outcome, detail, lane, type, chat, ...}, six per target
+--   (lane, type and chat are '' unless the outcome is 'cancelled'):
 --   'cancelled' (it waited; removed; the record is kept as 'cancelled' under a
 --   settle lease until the caller stored the REVOKED row and settled it with
 --   forget.lua: if the caller dies first, the sweep republishes it and a worker
@@ -39,10 +40,13 @@ local lease_until = now + tonumber(ARGV[6])
 lim_setup(ARGV[10], ARGV[11], KEYS[4], KEYS[5], now, KEYS[1], lease_until)
 local out = {}
 
-local function answer(task_id, outcome, detail)
+local function answer(task_id, outcome, detail, lane, ttype, chat)
   out[#out + 1] = task_id
   out[#out + 1] = outcome
   out[#out + 1] = detail or ''
+  out[#out + 1] = lane or ''
+  out[#out + 1] = ttype or ''
+  out[#out + 1] = chat or ''
 end
 
 local function cancel_one(record, task_id)
@@ -98,7 +102,7 @@ local function cancel_one(record, task_id)
   redis.call('ZREM', KEYS[2], record)
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), record)
   count_to(KEYS[4], KEYS[5], 'cancelled|' .. lane .. '|' .. (f[3] or ''))
-  return answer(task_id, 'cancelled')
+  return answer(task_id, 'cancelled', '', lane, f[3], chat)
 end
 
 if ARGV[12] == 'chat' then

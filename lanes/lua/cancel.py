@@ -12,11 +12,15 @@ NAME = "cancel"
 
 
 class Cancelled(NamedTuple):
-    """One target's answer: ``outcome`` is one of cancel.lua's (header), ``detail`` its text."""
+    """One target's answer: ``outcome`` is one of cancel.lua's (header), ``detail`` its text;
+    ``lane``, ``type`` and ``chat`` of a task cancelled here."""
 
     task_id: str
     outcome: str
     detail: str
+    lane: str = ""
+    type: str = ""
+    chat: str = ""
 
 
 def cancel(
@@ -35,5 +39,4 @@ def cancel(
          mode, chat, detail, lane, "1" if waiting_only else "0",
          *(task_id for task_id, _ in (() if chat else targets))],
     )
-    return [Cancelled(reply[i].decode(), reply[i + 1].decode(), reply[i + 2].decode(errors="replace"))
-            for i in range(0, len(reply), 3)]
+    return [Cancelled(*(v.decode(errors="replace") for v in reply[i:i + 6])) for i in range(0, len(reply), 6)]

@@ -213,3 +213,25 @@ def test_http_post_checks_ctx_cancelled_before_sending(rc, sink):
     assert [a.body for a in sink.sink.attempts] == [{"n": 1}]  # the second was never sent
     assert not Context(task_id="t2", type="x", lane="l", chat_id="", attempt=1, deadline=0, attempt_deadline=0,
                        idempotency_key="k").cancelled  # outside a worker: never cancelled
+
+
+def test_a_cancel_sends_the_task_finished_hook_with_outcome_cancelled(rc):
+    from tasks.hooks import task_finished
+
+    name, lane, chat = unique("ch"), unique("lch"), unique("chat")
+    define(name, lane=lane, chat_scoped=True)
+    r = dispatch.delay(name, {"n": 0}, chat_id=chat)
+    seen = []
+
+    def receiver(sender, info, **_):
+        seen.append(info)
+
+    task_finished.connect(receiver, weak=False)
+    try:
+        assert r.cancel("why").outcome == "cancelled"
+    finally:
+        task_finished.disconnect(receiver)
+    [info] = seen
+    assert (info.task_id, info.type, info.lane, info.chat_id, info.outcome) == (r.task_id, name, lane, chat,
+                                                                               "cancelled")
+    assert "why" in info.detail
