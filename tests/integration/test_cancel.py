@@ -235,3 +235,46 @@ def test_a_cancel_sends_the_task_finished_hook_with_outcome_cancelled(rc):
     assert (info.task_id, info.type, info.lane, info.chat_id, info.outcome) == (r.task_id, name, lane, chat,
                                                                                "cancelled")
     assert "why" in info.detail
+
+
+def test_with_task_events_on_a_cancel_sends_task_revoked_for_flower():
+    import threading
+
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    got: list[dict] = []
+    ready = threading.Event()
+
+    receivers = []
+
+    def listen() -> None:
+        with app.connection_for_read() as conn:
+            receiver = app.events.Receiver(conn, handlers={"task-revoked": got.append})
+            receivers.append(receiver)
+            ready.set()
+            receiver.capture(limit=None, timeout=None, wakeup=False)
+
+    thread = threading.Thread(target=listen, daemon=True)
+    thread.start()
+    ready.wait(5)
+    import time
+
+    from tasks.results import announce_revoked
+
+    sent: list[str] = []
+    previous = app.conf.worker_send_task_events
+    app.conf.worker_send_task_events = True
+    try:
+        # Redis fanout is pub/sub: announce until the receiver (subscribing in its thread) hears one.
+        while not got and len(sent) < 40:
+            sent.append(str(uuid.uuid4()))
+            announce_revoked(sent[-1])
+            time.sleep(0.25)
+    finally:
+        app.conf.worker_send_task_events = previous
+    receivers[0].should_stop = True
+    thread.join(15)
+    assert got and got[0]["uuid"] in sent and got[0]["type"] == "task-revoked"
+    sent_off = str(uuid.uuid4())
+    announce_revoked(sent_off)  # events off (the setting): nothing is sent, nothing raised
