@@ -25,7 +25,7 @@ import pytest
 import redis
 from django.test import Client, override_settings
 
-from tests.faults.harness import ARTIFACTS, FaultCluster, drain_and_check, pick
+from tests.faults.harness import ARTIFACTS, LONG, FaultCluster, drain_and_check, pick
 from tests.support.helpers import unique
 from tests.support.sentinel import SentinelTopology
 
@@ -179,6 +179,8 @@ def _run(cluster: FaultCluster, acks: int, record, scenario_id: str, started: fl
     return rep, name
 
 
+@pytest.mark.skipif(not LONG, reason="long campaign only (make faults): what acks=0 loses grows with the "
+                    "machine's load, so its bound is judged on a quiet run; 11b (acks=1 loses nothing) runs here")
 def test_11a_failover_without_replica_acks_loses_at_most_the_last_moment(sentinel_cluster, record):
     started = time.time()
     cluster = sentinel_cluster({"DISPATCH_REPLICA_ACKS": "0"})

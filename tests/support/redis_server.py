@@ -22,8 +22,10 @@ class RedisServer:
         self.data_dir = data_dir
         self.password = password
         self.port = port or free_port()
+        self.port_chosen_here = port is None
         self.appendfsync = appendfsync
         self.proc: subprocess.Popen | None = None
+        self.started_once = False
 
     @property
     def url(self) -> str:
@@ -33,24 +35,45 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=5)
 
     def start(self) -> RedisServer:
+        """Start and wait for PING. A port taken meanwhile (another process bound it between
+        ``free_port`` and here, or during a restart) is retried: a new port on a first start
+        whose port was chosen here, the same one (clients know it) on a restart."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        args = [
-            REDIS_SERVER_PATH, "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
-            "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
-            "--save", "", "--daemonize", "no", "--loglevel", "warning",
-        ]
-        self.log = open(self.data_dir / "redis.log", "ab")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        log_path = self.data_dir / "redis.log"
+        for attempt in range(6):
+            args = [
+                REDIS_SERVER_PATH, "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
+                "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
+                "--save", "", "--daemonize", "no", "--loglevel", "warning",
+            ]
+            offset = log_path.stat().st_size if log_path.exists() else 0
+            self.log = open(log_path, "ab")
+            self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+            if self._wait_ready(log_path):
+                self.started_once = True
+                return self
+            tail = log_path.read_bytes()[offset:].decode(errors="replace")
+            if "Address already in use" not in tail or attempt == 5:
+                raise RuntimeError(f"redis-server exited (port {self.port}): {tail[-2000:]}")
+            if self.port_chosen_here and not self.started_once:
+                self.port = free_port()
+            else:
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    def _wait_ready(self, log_path: Path) -> bool:
+        """True once it answers PING; False when it exited (the caller reads why)."""
+        assert self.proc is not None
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             try:
                 self.client().ping()
-                return self
+                return True
             except redis.RedisError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"redis-server exited: see {self.data_dir / 'redis.log'}") from None
+                    return False
                 time.sleep(0.05)
-        raise RuntimeError("redis-server did not answer within 20 s")
+        raise RuntimeError(f"redis-server did not answer within 20 s: see {log_path}")
 
     def stop(self, kill: bool = False) -> None:
         if self.proc and self.proc.poll() is None:
