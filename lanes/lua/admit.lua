@@ -24,7 +24,7 @@
 --   prefix (lanes.keys.LIMIT_PREFIX), ARGV[19] lane key prefix (lanes.keys.LANE_PREFIX)
 -- KEYS[26] the lane's count of tasks waiting on a limit (part of its depth)
 -- KEYS[27] the task's chat (keys.task_chat: a cancel by task id finds a chat-scoped record),
---   ARGV[20] ms to keep it (past the deadline); written only for a chat-scoped task
+--   kept until 10 minutes past the deadline; written only for a chat-scoped task
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
 --   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
@@ -96,7 +96,7 @@ if chat_id ~= '' then
   redis.call('RPUSH', KEYS[5], task_id)
   redis.call('ZINCRBY', KEYS[10], 1, chat_id)
   position = backlog + 1
-  redis.call('SET', KEYS[27], chat_id, 'PX', tonumber(ARGV[20]))
+  redis.call('SET', KEYS[27], chat_id, 'PX', math.max(1, tonumber(ARGV[16]) - tonumber(ARGV[2])) + 600000)
   if backlog > 0 then
     publish = false
     redis.call('INCR', KEYS[6])

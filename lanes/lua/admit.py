@@ -10,8 +10,6 @@ from lanes import keys
 from lanes.lua.loader import call
 
 NAME = "admit"
-#: How long past its deadline a chat-scoped task's chat is kept for a cancel by id (ms).
-TASK_CHAT_SLACK_MS = 600_000
 
 
 def admit(
@@ -51,7 +49,6 @@ def admit(
             capacity, chat, chat_queue_size, payload_digest, idempotency_window_s, queued_lease_ms,
             lane, task_type, "1" if replace_idempotency else "0", int(deadline * 1000),
             "\n".join(limits), keys.LIMIT_PREFIX, keys.LANE_PREFIX,
-            int((deadline - now) * 1000) + TASK_CHAT_SLACK_MS,
         ],
         replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
         wait_if=reports_a_task,

@@ -92,7 +92,9 @@ local function cancel_one(record, task_id)
       hand_over(queue, chat, base .. 't:', KEYS[3], KEYS[1], lease_until, ARGV[8])
     elseif redis.call('LREM', queue, 1, task_id) > 0 then
       if tonumber(redis.call('ZINCRBY', KEYS[3], -1, chat)) <= 0 then redis.call('ZREM', KEYS[3], chat) end
-      if st == 'queued' and (f[6] or '0') == '0' then
+      -- Behind its head (never published): counted as waiting behind its chat, whether
+      -- queued or sent for later ('scheduled' waits in the chat queue until handed over).
+      if (st == 'queued' or st == 'scheduled') and (f[6] or '0') == '0' then
         local waiting = ARGV[8] .. lane
         if tonumber(redis.call('DECR', waiting)) <= 0 then redis.call('DEL', waiting) end
       end

@@ -84,6 +84,8 @@ def test_a_chats_middle_message_leaves_its_queue_and_a_cancelled_head_hands_over
     define(name, lane=lane, chat_scoped=True)
     ids = [dispatch.delay(name, {"n": i}, chat_id=chat).task_id for i in range(4)]
     assert waiting_counts(rc, lane)["lists"] == 1 and waiting_counts(rc, lane)["chat_waiting"] == 3
+    # Where a cancel by task id finds a chat's record: kept until 10 minutes past the deadline (60 s).
+    assert 600_000 < rc.pttl(keys.task_chat(ids[3])) <= 661_000
     assert dispatch.cancel(ids[2], "middle").outcome == "cancelled"
     assert chat_of(rc, chat) == [ids[0], ids[1], ids[3]]
     assert waiting_counts(rc, lane) == {"lists": 1, "delayed": 0, "chat_waiting": 2, "limited": 0}
