@@ -38,6 +38,15 @@ class DispatchIn(Schema):
     limit_key: StrictStr | None = Field(
         None, description="The value of the type's per-key limits (e.g. a supplier or tenant); required when "
                           "the type names a limit of scope 'key' (else invalid_limit_key), ignored otherwise.")
+    countdown: StrictFloat | None = Field(
+        None, description="Send later: seconds from now before the task may start (not with eta; invalid_eta "
+                          "past the longest delay or the task's deadline).")
+    eta: StrictStr | None = Field(
+        None, description="Send later: when the task may start, ISO 8601 with an offset "
+                          "(e.g. 2030-01-01T09:00:00+00:00); a naive time is invalid_eta.")
+    retry_policy: StrictStr | None = Field(
+        None, description="A retry policy's name: failed attempts follow it instead of the type's "
+                          "(unknown_retry_policy when none has that name).")
 
 
 BULK_ITEMS_SCHEMA = {
@@ -57,6 +66,9 @@ class BulkIn(Schema):
     priority: Priority | None = None
     timeout: Seconds | None = None
     metadata: JsonObject | None = None
+    countdown: StrictFloat | None = Field(None, description="Send every item later: seconds from now.")
+    eta: StrictStr | None = Field(None, description="Send every item later: ISO 8601 with an offset.")
+    retry_policy: StrictStr | None = Field(None, description="A retry policy's name for every item.")
 
 
 class DispatchOut(Schema):

@@ -21,6 +21,8 @@ REJECTION_STATUS: dict[str, int] = {
     "invalid_idempotency_key": 422,
     "invalid_metadata": 422,
     "invalid_limit_key": 422,
+    "invalid_eta": 422,
+    "unknown_retry_policy": 422,
     "lane_full": 429,
     "chat_queue_full": 429,
     "lane_closed": 503,

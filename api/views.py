@@ -131,7 +131,8 @@ def _retry_headers(status: int) -> dict[str, str]:
 def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
     """Admit one task, as ``dispatch.delay`` does: 202 with its ``task_id``, or a rejection with a ``reason``.
 
-    Rejections: 404 ``unknown_type``; 422 ``invalid_*``; 413 ``payload_too_large``;
+    ``countdown`` / ``eta`` send it for later, ``retry_policy`` names the policy its retries follow.
+    Rejections: 404 ``unknown_type``; 422 ``invalid_*``, ``unknown_retry_policy``; 413 ``payload_too_large``;
     409 ``type_disabled``, ``idempotency_conflict``; 429 ``lane_full``, ``chat_queue_full``;
     503 ``lane_closed``, ``unavailable`` (retry with the same idempotency key).
     """
@@ -139,7 +140,7 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
     _in_scope(caller, data.task_type)
     result = admit(data.task_type, data.payload, chat_id=data.chat_id, priority=data.priority,
                    idempotency_key=data.idempotency_key, timeout=data.timeout, metadata=data.metadata,
-                   limit_key=data.limit_key)
+                   limit_key=data.limit_key, countdown=data.countdown, eta=data.eta, retry_policy=data.retry_policy)
     _audit(request, caller, "dispatch", data.task_type, [result])
     status = statuses.status_for(result.accepted, result.reason)
     return _json(request, status, result.as_dict(), _retry_headers(status))
@@ -162,7 +163,8 @@ def dispatch_bulk(request: HttpRequest, data: BulkIn) -> JsonResponse:
     for item in data.items:
         payload, options = _item_options(item)
         options.setdefault("priority", data.priority)
-        results.append(admit(data.task_type, payload, timeout=data.timeout, metadata=data.metadata, **options))
+        results.append(admit(data.task_type, payload, timeout=data.timeout, metadata=data.metadata,
+                             countdown=data.countdown, eta=data.eta, retry_policy=data.retry_policy, **options))
     _audit(request, caller, "bulk", data.task_type, results)
     accepted = sum(1 for r in results if r.accepted)
     return _json(request, 200, {"accepted": accepted, "rejected": len(results) - accepted,

@@ -222,6 +222,9 @@ DISPATCH_REDIS_TIMEOUT_S = float(os.environ.get("DISPATCH_REDIS_TIMEOUT_S", "5")
 #: Deliveries of one attempt whose worker died before it finished: past this the
 #: task is a dead letter with reason ``poison``.
 DISPATCH_MAX_DELIVERIES = int(os.environ.get("DISPATCH_MAX_DELIVERIES", "3"))
+#: Longest countdown / eta a dispatch may ask for, in seconds (default 7 days, the
+#: longest timeout: a task must also start before its own deadline).
+DISPATCH_MAX_DELAY_S = float(os.environ.get("DISPATCH_MAX_DELAY_S", str(7 * 86400)))
 #: Seconds between checks that move due retries from the delayed set to the lane.
 DISPATCH_PROMOTE_INTERVAL_S = float(os.environ.get("DISPATCH_PROMOTE_INTERVAL_S", "0.2"))
 #: Seconds an idempotency key is remembered at dispatch by default.

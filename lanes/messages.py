@@ -15,6 +15,8 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+
 from lanes import keys
 from lanes.priorities import to_kombu
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
@@ -22,8 +24,22 @@ from lanes.transport import LEASED_HEADER, RECORD_HEADER
 _TAG_PLACEHOLDER = "@@delivery-tag@@"
 _ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-#: Seconds between the soft time limit (handler told to stop) and the hard one (process killed).
+#: Seconds between the soft time limit (handler told to stop) and the hard one (process killed),
+#: beyond the time an attempt may spend recording its outcome while Redis is away (see
+#: :func:`hard_limit_grace_s`).
 HARD_LIMIT_GRACE_S = 5.0
+
+
+def hard_limit_grace_s() -> float:
+    """Room after the soft limit: the grace, plus the outcome call's retries (two leases,
+    ``tasks.execution._until_answered``) and a Redis timeout on each side of them.
+
+    A hard limit inside that window killed a prefork child that waited for a frozen
+    Redis to record its outcome; killed while writing its result to the pool's pipe,
+    the child left half a message, and the worker's main process stopped on
+    ``UnpicklingError`` (fault scenario 4, intermittent).
+    """
+    return HARD_LIMIT_GRACE_S + 2 * settings.DISPATCH_LEASE_S + 2 * settings.DISPATCH_REDIS_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -39,13 +55,27 @@ class Envelope:
     chat: str = ""
     key: str = ""  # idempotency key
     meta: dict | None = None
+    #: The retry policy the caller named for this task ('' : its type's), carried across its retries.
+    policy: str = ""
+    #: When a task sent for later was due, epoch seconds (0: dispatched for now); queue latency counts from it.
+    due: float = 0.0
+
+    @property
+    def ready_at(self) -> float:
+        """When the task could first start: its due time if it was sent for later, else its dispatch."""
+        return max(self.dispatched_at, self.due)
 
     def as_dict(self) -> dict[str, Any]:
         # Not dataclasses.asdict: it deep-copies, and this runs on every dispatch
         # only to be serialised at once.
-        return {"type": self.type, "lane": self.lane, "priority": self.priority, "attempt": self.attempt,
-                "deadline": self.deadline, "dispatched_at": self.dispatched_at, "chat": self.chat,
-                "key": self.key, "meta": self.meta}
+        out = {"type": self.type, "lane": self.lane, "priority": self.priority, "attempt": self.attempt,
+               "deadline": self.deadline, "dispatched_at": self.dispatched_at, "chat": self.chat,
+               "key": self.key, "meta": self.meta}
+        if self.policy:  # only when named: a plain dispatch's message is unchanged
+            out["policy"] = self.policy
+        if self.due:
+            out["due"] = self.due
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:
@@ -63,9 +93,14 @@ class Envelope:
         meta = data.get("meta")
         if meta is not None and not isinstance(meta, dict):
             raise ValueError("field 'meta' must be an object")
+        if not isinstance(data.get("policy", ""), str):
+            raise ValueError("field 'policy' must be a string")
+        due = data.get("due", 0.0)
+        if not isinstance(due, (int, float)) or isinstance(due, bool):
+            raise ValueError("field 'due' must be a number")
         if data["attempt"] < 1 or not 0 <= data["priority"] <= 9:
             raise ValueError("field 'attempt' or 'priority' is out of range")
-        return cls(**{name: data[name] for name in (*expected, "meta") if name in data})
+        return cls(**{name: data[name] for name in (*expected, "meta", "policy", "due") if name in data})
 
 
 def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float) -> str:
@@ -82,7 +117,7 @@ def build_message(task_id: str, handler: str, payload_json: str, envelope: Envel
     headers: dict[str, Any] = {
         "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "eta": None,
         "expires": None, "group": None, "group_index": None, "retries": envelope.attempt - 1,
-        "timelimit": [soft_limit_s + HARD_LIMIT_GRACE_S, soft_limit_s], "root_id": task_id,
+        "timelimit": [soft_limit_s + hard_limit_grace_s(), soft_limit_s], "root_id": task_id,
         "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),
         "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
         "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,

@@ -81,8 +81,9 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
 
     depth = GaugeMetricFamily("dispatch_lane_depth", "Messages waiting in the broker, per lane and priority.",
                               labels=["lane", "priority"])
-    scheduled = GaugeMetricFamily("dispatch_lane_scheduled_retries", "Retries waiting for their backoff to pass.",
-                                  labels=["lane"])
+    scheduled = GaugeMetricFamily("dispatch_lane_scheduled_retries",
+                                  "Retries waiting for their backoff to pass, and tasks sent for later "
+                                  "(countdown / eta) waiting for their due time.", labels=["lane"])
     chat_waiting = GaugeMetricFamily("dispatch_lane_chat_waiting",
                                      "Chat messages waiting behind their chat's head (not yet in the broker).",
                                      labels=["lane"])

@@ -69,6 +69,8 @@ class Snapshot:
     limits: dict[str, dict] = field(default_factory=dict)
     #: The database's ConfigRevision when this was read (-1: unknown).
     db_revision: int = -1
+    #: Retry policy name -> its backoff (a dispatch's ``retry_policy`` names one).
+    policies: dict[str, Backoff] = field(default_factory=dict)
 
 
 logger = logging.getLogger(__name__)
@@ -92,11 +94,12 @@ def _db_revision() -> int:
 def _load(version: str) -> Snapshot:
     # inner import: tasks.dispatch imports this module, and callers may import it before apps are ready
     from lanes.models import Lane
-    from tasks.models import Limit, TaskType, TaskTypeLimit
+    from tasks.models import Limit, RetryPolicy, TaskType, TaskTypeLimit
 
     db_revision = _db_revision()  # first: a save racing this read shows as a newer revision
     lanes = {lane.name: LaneConf(lane.name, lane.capacity, lane.accepting) for lane in Lane.objects.all()}
     limits = {limit.name: limit.as_def() for limit in Limit.objects.all()}
+    policies = {rp.name: _backoff(rp) for rp in RetryPolicy.objects.all()}
     type_limits: dict[int, list[LimitRef]] = {}
     for row in TaskTypeLimit.objects.select_related("limit").order_by("task_type_id", "position", "id"):
         type_limits.setdefault(row.task_type_id, []).append(LimitRef(row.limit.name, row.limit.scope))
@@ -116,11 +119,15 @@ def _load(version: str) -> Snapshot:
             idempotency_window_s=tt.idempotency_window,
             enabled=tt.enabled,
             options=dict(tt.options or {}),
-            policy=Backoff(rp.max_retries, rp.initial_backoff, rp.multiplier, rp.max_backoff, rp.jitter),
+            policy=_backoff(rp),
             limits=tuple(type_limits.get(tt.pk, ())),
         )
     _publish_limits(limits)
-    return Snapshot(version, lanes, types, limits, db_revision)
+    return Snapshot(version, lanes, types, limits, db_revision, policies)
+
+
+def _backoff(rp) -> Backoff:
+    return Backoff(rp.max_retries, rp.initial_backoff, rp.multiplier, rp.max_backoff, rp.jitter)
 
 
 def _publish_limits(limits: dict[str, dict]) -> None:

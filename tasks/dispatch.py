@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -30,6 +31,7 @@ from tasks import cancel as cancelling
 from tasks import config
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
+from tasks.schedule import due_at
 from tasks.validation import Invalid, check_dispatch, check_limits, shown
 
 logger = logging.getLogger(__name__)
@@ -90,10 +92,17 @@ def admit(
     timeout: float | None = None,
     metadata: dict | None = None,
     limit_key: str | None = None,
+    countdown: float | None = None,
+    eta: datetime | str | None = None,
+    retry_policy: str | None = None,
     _replace_idempotency: bool = False,
     _task_id: str | None = None,
 ) -> DispatchResult:
     """Validate, admit and publish one task; see the module docstring.
+
+    ``countdown`` (seconds) or ``eta`` (an aware datetime, or ISO 8601 text with
+    an offset) sends it for later (``tasks.schedule``); ``retry_policy`` names the
+    RetryPolicy its failed attempts follow instead of its type's.
 
     ``_task_id`` (a dead letter's requeue) fixes the new task's id: with
     ``_replace_idempotency`` a task of that id already stored answers ``dup``.
@@ -106,6 +115,7 @@ def admit(
     confirmed = False
     for _ in range(4):
         tc = snap.types.get(task_type) if isinstance(task_type, str) else None
+        now = time.time()
         try:
             if tc is None:
                 raise Invalid("unknown_type", f"no task type named {shown(task_type, 100)}")
@@ -116,6 +126,12 @@ def admit(
                 chat_id=chat_id, idempotency_key=idempotency_key, metadata=metadata,
             )
             bases = _limit_bases(tc, checked.chat_id, limit_key) if tc.limits or limit_key is not None else ()
+            due = None
+            if countdown is not None or eta is not None:
+                due = due_at(countdown=countdown, eta=eta, now_s=now, deadline_s=now + checked.timeout_s,
+                             max_delay_s=settings.DISPATCH_MAX_DELAY_S)
+            if retry_policy is not None:
+                _check_policy(retry_policy, snap)
         except Invalid as exc:
             # A rejection may come from a cached config older than a fresh admin
             # save: confirm the version (one GET, on the rejection path only).
@@ -132,11 +148,11 @@ def admit(
             return _rejected(name, tc.lane if tc else "", exc.reason, exc.detail)
         lane = snap.lanes.get(tc.lane)
         chat = checked.chat_id if tc.chat_scoped else ""
-        now = time.time()
         envelope = Envelope(
             type=tc.name, lane=tc.lane, priority=checked.priority, attempt=1,
             deadline=now + checked.timeout_s, dispatched_at=now, chat=chat,
-            key=checked.idempotency_key, meta=checked.metadata or None,
+            key=checked.idempotency_key, meta=checked.metadata or None, policy=retry_policy or "",
+            due=due or 0.0,
         )
         soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
         message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit)
@@ -150,7 +166,7 @@ def admit(
                 payload_digest=payload_digest(checked.payload_json) if checked.idempotency_key else "",
                 idempotency_window_s=tc.idempotency_window_s,
                 queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-                replace_idempotency=_replace_idempotency, deadline=envelope.deadline, limits=bases,
+                replace_idempotency=_replace_idempotency, deadline=envelope.deadline, limits=bases, due=due or 0.0,
             )
         except redis.RedisError as exc:
             logger.warning("dispatch_unavailable type=%s error=%s", tc.name, exc)
@@ -162,7 +178,7 @@ def admit(
             except redis.RedisError as exc:  # a rejection is a result, never an exception
                 return _unavailable(exc, None)
             continue
-        return _interpret(reply, status, task_id, tc, checked, now, snap.limits)
+        return _interpret(reply, status, task_id, tc, checked, now, snap.limits, due)
     return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
 
 
@@ -172,6 +188,13 @@ def _limit_bases(tc: config.TypeConf, chat_id: str, limit_key: Any) -> tuple[str
                        chat_id=chat_id)
     value = {"global": "", "chat": chat_id, "key": key}
     return tuple(keys.limit_base(ref.name, value[ref.scope]) for ref in tc.limits)
+
+
+def _check_policy(name: Any, snap: config.Snapshot) -> None:
+    """``unknown_retry_policy`` unless ``name`` is a RetryPolicy that exists."""
+    if not isinstance(name, str) or name not in snap.policies:
+        known = ", ".join(sorted(snap.policies)[:10]) or "none"
+        raise Invalid("unknown_retry_policy", f"no retry policy named {shown(name, 80)} (known: {known})")
 
 
 def _unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
@@ -194,7 +217,7 @@ def _unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
 
 
 def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, checked, now: float,
-               limits: dict[str, dict] | None = None) -> DispatchResult:
+               limits: dict[str, dict] | None = None, due: float | None = None) -> DispatchResult:
     if status == "dup":
         return DispatchResult(True, reply[1].decode(), tc.lane, checked.priority, duplicate=True)
     if status == "conflict":
@@ -223,6 +246,10 @@ def _interpret(reply: list, status: str, task_id: str, tc: config.TypeConf, chec
     )
     if int(reply[9]) == 0 and int(reply[8]) != 1:
         why = no_consumer_detail(tc.lane)
+    if due is not None and int(reply[8]) != 1 and int(reply[9]) != 0:
+        # Sent for later: it cannot start before it is due, nor before the work ahead of it
+        # now (when that can be estimated: the lane may have drained by then).
+        estimated, why = round(max(estimated or 0.0, due - now), 3), ""
     result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
                             estimated_delay=estimated)
     lifecycle.emit_queued(task_id, tc.name, tc.lane, checked.chat_id if tc.chat_scoped else "")
@@ -236,7 +263,12 @@ class DispatchTask(Task):
         return admit(*args, **kwargs)
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> DispatchResult:
-        return admit(*(args or ()), **(kwargs or {}))
+        """As Celery's: ``countdown`` / ``eta`` given as options send the task for later, as in ``kwargs``."""
+        kwargs = dict(kwargs or {})
+        for name in ("countdown", "eta"):
+            if options.get(name) is not None:
+                kwargs.setdefault(name, options[name])
+        return admit(*(args or ()), **kwargs)
 
     def cancel(self, task_id: Any, reason: Any = "", *, by: Any = "") -> cancelling.CancelResult:
         """Cancel a task by id: removed if it waits, told if it runs; answers what it found, never raises."""
@@ -260,7 +292,8 @@ cancel_key = cancelling.cancel_key
 @shared_task(base=DispatchTask, name="tasks.dispatch", typing=False)
 def dispatch(task_type: Any = None, payload: Any = None, **options: Any) -> dict[str, Any]:
     """Run by an ``ingress`` worker for callers that send ``tasks.dispatch`` by name."""
-    allowed = {"chat_id", "priority", "idempotency_key", "timeout", "metadata", "limit_key"}
+    allowed = {"chat_id", "priority", "idempotency_key", "timeout", "metadata", "limit_key", "countdown", "eta",
+               "retry_policy"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         return DispatchResult(False, reason="invalid_payload", detail=f"unknown dispatch options: {unknown}").as_dict()

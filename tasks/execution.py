@@ -41,7 +41,7 @@ from tasks import signals as lifecycle
 from tasks.context import Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError, TaskCancelled
 from tasks.links import dead_letter_admin_url
-from tasks.retry import decide_retry
+from tasks.retry import Backoff, decide_retry
 from tasks.validation import encode_json
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,7 @@ class _Run:
         env = self.env
         dead_owner = ""
         owner = leases.owner_id()
-        qlat = now - env.dispatched_at
+        qlat = now - env.ready_at  # a task sent for later is waited for from its due time
         for _ in range(2):
             reply = lua_start(
                 task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner, now=now,
@@ -206,7 +206,7 @@ class _Run:
         env = self.env
         now = time.time()
         retry_after = exc.retry_after_s if isinstance(exc, RetryableError) else None
-        decision = decide_retry(tc.policy, env.attempt, now, env.deadline, retry_after)
+        decision = decide_retry(_policy(tc, env.policy), env.attempt, now, env.deadline, retry_after)
         if not decision.retry:
             detail = f"{type(exc).__name__}: {exc}"
             self._die(decision.reason, detail, exc)
@@ -288,9 +288,16 @@ class _Run:
 
     def _info(self, now: float, **extra: Any) -> lifecycle.TaskInfo:
         env = self.env
-        qlat = (self.started_at or now) - env.dispatched_at
+        qlat = (self.started_at or now) - env.ready_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
         return lifecycle.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
+
+
+def _policy(tc: config.TypeConf, name: str) -> Backoff:
+    """The retry policy the caller named at dispatch, else (none, or removed since) the type's."""
+    if not name:
+        return tc.policy
+    return config.current().policies.get(name, tc.policy)
 
 
 def _record_dead_letter(**row: Any) -> None:

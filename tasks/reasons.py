@@ -14,6 +14,8 @@ REJECTION_REASONS = (
     "invalid_idempotency_key",
     "invalid_metadata",
     "invalid_limit_key",
+    "invalid_eta",
+    "unknown_retry_policy",
     "lane_full",
     "chat_queue_full",
     "lane_closed",

@@ -2,13 +2,17 @@
 --
 -- A task record is a hash: msg (the broker message, a NUL byte where the
 -- delivery tag goes), q (the lane list it is published to), lane, type,
--- st (queued|running|retry|limited|done|dead), att (attempt), dlv (deliveries of this
+-- st (queued|scheduled|running|retry|limited|done|dead), att (attempt), dlv (deliveries of this
 -- attempt), own (worker running it), chat (chat id or ''), pub (publish count),
 -- lim (limit instance bases, newline-separated; absent when the type has no
 -- limits), kp (kombu priority, with lim), lw and ls (while limited: the base it
 -- waits on and its waiting score),
 -- res (outcome detail, once done or dead: kept until the worker stored the
--- result row and settled the record with forget.lua).
+-- result row and settled the record with forget.lua),
+-- eta and dq (a task sent for later, admit.lua: its due time in ms and its lane's
+-- delayed set; st is 'scheduled' until it is published). A scheduled task is
+-- either in the delayed set (runnable, not due: promote.lua publishes it) or in
+-- its chat's queue behind the head (hand_over parks it or publishes it).
 
 -- Publish a record's message to its lane list with a fresh delivery tag, and
 -- give it a lease after which the recovery sweep republishes it. ``state`` is
@@ -283,9 +287,18 @@ local function lim_release(record, lim)
   for _, base in ipairs(bases) do lim_drain(base, 20) end
 end
 
+-- Now in ms from Redis's clock, for hand_over called by a script that did not call lim_setup.
+local function scheduled_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 -- Hand a chat on after its head reached a terminal state: pop the head, and
 -- publish the next message if there is one (through its limits' gate, if it has
--- limits: the script called lim_setup with the same leases key and lease). Returns the next task id or ''.
+-- limits: the script called lim_setup with the same leases key and lease). A next
+-- message sent for later that is not due yet goes to its lane's delayed set
+-- instead (still 'scheduled'), with a lease at its due time plus the queued lease.
+-- Returns the next task id or ''.
 local function hand_over(chat_queue, chat_id, record_prefix, chats_index, leases_key, lease_until,
                          chat_waiting_prefix)
   redis.call('LPOP', chat_queue)
@@ -295,9 +308,14 @@ local function hand_over(chat_queue, chat_id, record_prefix, chats_index, leases
   local next_id = redis.call('LINDEX', chat_queue, 0)
   if not next_id then return '' end
   local next_record = record_prefix .. next_id
-  local f = redis.call('HMGET', next_record, 'lane', 'lim', 'kp')
+  local f = redis.call('HMGET', next_record, 'lane', 'lim', 'kp', 'st', 'eta', 'dq')
   local next_lane = f[1]
-  if f[2] and f[2] ~= '' then
+  local now = LIM.now or scheduled_now()
+  if f[4] == 'scheduled' and tonumber(f[5]) > now then
+    -- Sent for later and not due yet: it waits in its lane's delayed set (as a retry does).
+    redis.call('ZADD', f[6], tonumber(f[5]), next_record)
+    redis.call('ZADD', leases_key, tonumber(f[5]) + (lease_until - now), next_record)
+  elseif f[2] and f[2] ~= '' then
     gate_publish(next_record, f[2], next_lane, f[3])
   else
     publish_record(next_record, leases_key, lease_until)

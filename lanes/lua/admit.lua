@@ -25,6 +25,12 @@
 -- KEYS[26] the lane's count of tasks waiting on a limit (part of its depth)
 -- KEYS[27] the task's chat (keys.task_chat: a cancel by task id finds a chat-scoped record),
 --   kept until 10 minutes past the deadline; written only for a chat-scoped task
+-- ARGV[20] when the task is due, epoch ms ('0': now, the plain dispatch). A task
+--   sent for later (countdown / eta) is stored with st 'scheduled' and its due
+--   time in the record's ``eta`` field; runnable (not chat-scoped, or its chat's
+--   head) it waits in the lane's delayed set (KEYS[7], where retries wait) with a
+--   lease at due + queued lease, and promote.lua publishes it when due; behind its
+--   chat's head it waits in the chat's queue like any message (hand_over parks it).
 -- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
 --   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
 --   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
@@ -108,9 +114,20 @@ for i = 11, 11 + tonumber(ARGV[5]) do
   ahead = ahead + redis.call('LLEN', KEYS[i])
 end
 local queue_key = KEYS[11 + tonumber(ARGV[5])]
+local due = tonumber(ARGV[20])
 redis.call('HSET', KEYS[2], 'msg', ARGV[4], 'q', queue_key, 'lane', lane, 'type', ttype,
-  'st', 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', '0', 'dl', ARGV[16])
+  'st', due > 0 and 'scheduled' or 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id, 'pub', '0', 'dl', ARGV[16])
 redis.call('ZADD', KEYS[23], tonumber(ARGV[16]), KEYS[2])
+if due > 0 then
+  -- Sent for later (the plain path pays nothing for this): runnable now, it waits
+  -- in the delayed set; behind its chat's head, in the chat's queue (hand_over).
+  redis.call('HSET', KEYS[2], 'eta', ARGV[20], 'dq', KEYS[7])
+  if publish then
+    redis.call('ZADD', KEYS[7], due, KEYS[2])
+    redis.call('ZADD', KEYS[3], due + tonumber(ARGV[12]), KEYS[2])
+  end
+  publish = false
+end
 if ARGV[17] ~= '' then
   redis.call('HSET', KEYS[2], 'lim', ARGV[17], 'kp', ARGV[5])
   if publish then

@@ -16,13 +16,14 @@ def admit(
     *, version: str, now: float, task_id: str, message: str, kombu_priority: int, lane: str, task_type: str,
     accepting: bool, capacity: int, chat: str, chat_queue_size: int, idempotency_key: str, payload_digest: str,
     idempotency_window_s: int, queued_lease_ms: int, replace_idempotency: bool, deadline: float,
-    limits: tuple[str, ...] = (),
+    limits: tuple[str, ...] = (), due: float = 0.0,
 ) -> list[Any]:
     """Run admit.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
 
     ``now`` and ``deadline`` are epoch seconds; ``chat`` and ``idempotency_key``
     are '' when the task has none (``payload_digest`` then too); ``limits`` are
-    the task's limit instance bases (``keys.limit_base``), in its type's order.
+    the task's limit instance bases (``keys.limit_base``), in its type's order;
+    ``due`` the epoch seconds a task sent for later is due at (0: now).
 
     With ``DISPATCH_REPLICA_ACKS`` = N > 0, an 'ok' or 'dup' reply is returned
     only once N replicas hold the write (``WAIT``), so a failover cannot lose a
@@ -48,7 +49,7 @@ def admit(
             version, int(now * 1000), task_id, message, kombu_priority, "1" if accepting else "0",
             capacity, chat, chat_queue_size, payload_digest, idempotency_window_s, queued_lease_ms,
             lane, task_type, "1" if replace_idempotency else "0", int(deadline * 1000),
-            "\n".join(limits), keys.LIMIT_PREFIX, keys.LANE_PREFIX,
+            "\n".join(limits), keys.LIMIT_PREFIX, keys.LANE_PREFIX, int(due * 1000),
         ],
         replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
         wait_if=reports_a_task,

@@ -11,7 +11,7 @@
 -- every head moving. It covers what they cannot see: a head record that
 -- vanished (a script aborted midway, or data lost to an fsync window) and a
 -- head without a lease (a head waiting on a limit has none, by design: it is
--- left alone). It walks the index with ZSCAN, a batch per call.
+-- left alone; a head sent for later and not due goes back to its delayed set). It walks the index with ZSCAN, a batch per call.
 
 local cursor = redis.call('GET', KEYS[3]) or '0'
 local scan = redis.call('ZSCAN', KEYS[1], cursor, 'COUNT', tonumber(ARGV[2]))
@@ -39,7 +39,14 @@ for i = 1, #entries, 2 do
       hand_over(queue, chat_id, base .. 't:', KEYS[1], KEYS[2], lease_until, ARGV[5])
       handed = handed + 1
     elseif st ~= 'limited' and not redis.call('ZSCORE', KEYS[2], record) then
-      publish_record(record, KEYS[2], lease_until)
+      local f = redis.call('HMGET', record, 'eta', 'dq')
+      if st == 'scheduled' and tonumber(f[1]) > now then
+        -- Sent for later and not due: back to its delayed set, never published early.
+        redis.call('ZADD', f[2], tonumber(f[1]), record)
+        redis.call('ZADD', KEYS[2], tonumber(f[1]) + tonumber(ARGV[3]), record)
+      else
+        publish_record(record, KEYS[2], lease_until)
+      end
       republished = republished + 1
     end
   end

@@ -17,7 +17,7 @@
 -- A task waiting on a limit leaves its waiting set (the lane's limited count
 -- drops); a published task with limits gives its slots back (lim_release).
 --
--- Only a task that is still waiting (queued, parked for a retry, or limited) expires
+-- Only a task that is still waiting (queued, scheduled, parked for a retry, or limited) expires
 -- here: a claimed one is its worker's to finish (start.lua took it out of the
 -- set). For each: it leaves its lane (its copy is removed from the lane list if
 -- found near the consuming end, else a worker that pops it later is answered
@@ -55,9 +55,10 @@ for _, record in ipairs(due) do
   redis.call('ZREM', KEYS[1], record)
   local f = redis.call('HMGET', record, 'st', 'lane', 'type', 'chat', 'q', 'pub', 'msg', 'lim', 'lw')
   local st, lane, chat = f[1], f[2], f[4]
-  if st == 'queued' or st == 'retry' or st == 'limited' then
+  if st == 'queued' or st == 'retry' or st == 'limited' or st == 'scheduled' then
     local task_id = string.match(record, '([^:]+)$')
-    if st == 'retry' then
+    if st == 'retry' or st == 'scheduled' then
+      -- (A scheduled task behind its chat's head is not in the delayed set: ZREM does nothing.)
       redis.call('ZREM', ARGV[8] .. lane, record)
     elseif st == 'limited' then
       if f[9] and redis.call('ZREM', f[9] .. ':w', record) == 1 then lim_count(f[9], -1) end
@@ -73,7 +74,7 @@ for _, record in ipairs(due) do
         hand_over(queue, chat, base .. 't:', KEYS[4], KEYS[3], now + tonumber(ARGV[5]), ARGV[7])
       elseif redis.call('LREM', queue, 1, task_id) > 0 then
         if tonumber(redis.call('ZINCRBY', KEYS[4], -1, chat)) <= 0 then redis.call('ZREM', KEYS[4], chat) end
-        if st == 'queued' and (f[6] or '0') == '0' then
+        if (st == 'queued' and (f[6] or '0') == '0') or st == 'scheduled' then
           local waiting = ARGV[7] .. lane
           if tonumber(redis.call('DECR', waiting)) <= 0 then redis.call('DEL', waiting) end
         end

@@ -1,4 +1,5 @@
--- promote.lua: move due retries from a lane's delayed set onto the lane.
+-- promote.lua: move due retries, and tasks sent for later (st 'scheduled',
+-- admit.lua), from a lane's delayed set onto the lane.
 --
 -- KEYS[1] lane delayed set   KEYS[2] leases
 -- ARGV: 1 now ms, 2 most to move, 3 queued lease ms, 4 limits key prefix,
@@ -14,7 +15,7 @@ local moved = 0
 for _, record in ipairs(due) do
   redis.call('ZREM', KEYS[1], record)
   local f = redis.call('HMGET', record, 'st', 'lim', 'lane', 'kp')
-  if f[1] == 'retry' then
+  if f[1] == 'retry' or f[1] == 'scheduled' then
     if not f[2] then
       publish_record(record, KEYS[2], now + tonumber(ARGV[3]))
       moved = moved + 1

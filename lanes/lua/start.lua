@@ -26,8 +26,8 @@ if st == 'done' or st == 'dead' or st == 'cancelled' then
   -- Finished (or cancelled), not yet settled: its worker (or canceller) may have died before the result row.
   return {'finished', st .. '|' .. (f[5] or 'null')}
 end
--- A task waiting on a limit has no message out: a copy is an old one.
-if st == 'limited' or tonumber(ARGV[2]) < tonumber(f[2]) then return {'stale'} end
+-- A task waiting on a limit, or for its due time, has no message out: a copy is an old one.
+if st == 'limited' or st == 'scheduled' or tonumber(ARGV[2]) < tonumber(f[2]) then return {'stale'} end
 local now = tonumber(ARGV[4])
 if st == 'running' and f[3] ~= ARGV[3] and f[3] ~= ARGV[7] then
   local lease = tonumber(redis.call('ZSCORE', KEYS[2], KEYS[1]) or '0')

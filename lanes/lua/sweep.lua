@@ -25,7 +25,7 @@ local now = tonumber(ARGV[1])
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
 local republished, forgotten, parked, commands = 0, 0, 0, 1
 for _, record in ipairs(expired) do
-  local f = redis.call('HMGET', record, 'st', 'lane', 'q')
+  local f = redis.call('HMGET', record, 'st', 'lane', 'q', 'eta')
   commands = commands + 1
   local st = f[1]
   local finished = st == 'done' or st == 'dead' or st == 'cancelled'
@@ -38,11 +38,15 @@ for _, record in ipairs(expired) do
     redis.call('ZADD', KEYS[1], '+inf', record)
     commands = commands + 1
     parked = parked + 1
-  elseif st == 'retry' then
+  elseif st == 'retry' or st == 'scheduled' then
     -- Due now, not published here: promotion publishes it through its limits'
-    -- gate (a retry's slots were given back when it was parked).
-    redis.call('ZADD', ARGV[4] .. f[2], now, record)
-    redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), record)
+    -- gate (a retry's slots were given back when it was parked). A task sent for
+    -- later is leased until its due time plus the queued lease, so it is due by
+    -- now; never before its due time in any case.
+    local at = now
+    if st == 'scheduled' then at = math.max(now, tonumber(f[4]) or now) end
+    redis.call('ZADD', ARGV[4] .. f[2], at, record)
+    redis.call('ZADD', KEYS[1], at + tonumber(ARGV[3]), record)
     commands = commands + 2
     republished = republished + 1
   elseif finished or st == 'queued' or st == 'running' then

@@ -18,7 +18,8 @@ TEXT = st.text(ANY_CHAR, max_size=20)
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT
 JSON = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(ANY_CHAR, max_size=10), inner, max_size=4), max_leaves=12)
-FIELDS = ("task_type", "payload", "chat_id", "priority", "idempotency_key", "timeout", "metadata", "items")
+FIELDS = ("task_type", "payload", "chat_id", "priority", "idempotency_key", "timeout", "metadata", "items",
+          "countdown", "eta", "retry_policy")
 
 
 @pytest.fixture(scope="module")

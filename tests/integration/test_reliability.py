@@ -256,3 +256,19 @@ def test_malformed_messages_on_a_lane_are_recorded_not_run(start_worker, rc):
     ok = unique("ok")
     define(ok, handler="demo.echo", lane=lane)
     assert dispatch.delay(ok, {"after": "garbage"}).get(timeout=20) == {"after": "garbage"}
+
+
+def test_the_hard_limit_leaves_room_to_record_the_outcome_while_redis_is_away():
+    """An attempt past its soft limit still records its outcome, retrying for up to two leases
+    while Redis is away (tasks.execution._until_answered). A hard limit inside that window
+    killed a prefork child waiting on a frozen Redis, mid-write to the pool's pipe: the
+    worker's main process then stopped on UnpicklingError (fault scenario 4, intermittent)."""
+    from django.conf import settings
+
+    from lanes.messages import Envelope, build_message
+
+    now = time.time()
+    env = Envelope(type="t", lane="l", priority=5, attempt=1, deadline=now + 60, dispatched_at=now)
+    hard, soft = json.loads(build_message("x", "demo.echo", "{}", env, 10).replace("\0", "x.1"))["headers"]["timelimit"]
+    assert soft == 10
+    assert hard - soft > 2 * settings.DISPATCH_LEASE_S + 2 * settings.DISPATCH_REDIS_TIMEOUT_S

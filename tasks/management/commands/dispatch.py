@@ -36,6 +36,9 @@ class Command(BaseCommand):
         parser.add_argument("--idempotency-key")
         parser.add_argument("--timeout", type=float)
         parser.add_argument("--metadata", help="JSON object")
+        parser.add_argument("--countdown", type=float, help="send later: seconds from now")
+        parser.add_argument("--eta", help="send later: ISO 8601 time with an offset")
+        parser.add_argument("--retry-policy", help="a retry policy's name (instead of the type's)")
         parser.add_argument("--wait", action="store_true", help="wait for the task's outcome")
         parser.add_argument("--wait-timeout", type=float, default=60.0, help="seconds --wait waits")
 
@@ -45,6 +48,7 @@ class Command(BaseCommand):
         result = admit(
             opts["task_type"], payload, chat_id=opts["chat_id"], priority=opts["priority"],
             idempotency_key=opts["idempotency_key"], timeout=opts["timeout"], metadata=metadata,
+            countdown=opts["countdown"], eta=opts["eta"], retry_policy=opts["retry_policy"],
         )
         out = result.as_dict()
         code = EXIT_OK
