@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import redis
 from billiard.exceptions import SoftTimeLimitExceeded
@@ -36,10 +36,10 @@ from lanes.lua.retry import retry as lua_retry
 from lanes.lua.start import start as lua_start
 from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
-from tasks import config, dead_letters, validation
+from tasks import config, dead_letters, results, validation
 from tasks import signals as lifecycle
 from tasks.context import Context
-from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
+from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError, TaskCancelled
 from tasks.links import dead_letter_admin_url
 from tasks.retry import Backoff, decide_retry
 from tasks.validation import encode_json
@@ -139,7 +139,7 @@ class _Run:
         ctx = Context(
             task_id=self.task_id, type=env.type, lane=env.lane, chat_id=env.chat, attempt=env.attempt,
             deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or self.task_id,
-            metadata=env.meta or {}, options=tc.options,
+            metadata=env.meta or {}, options=tc.options, _record=self.record,
         )
         lifecycle.emit(lifecycle.task_started, lambda: self._info(now))
         leases.hold(self.record)
@@ -157,6 +157,8 @@ class _Run:
             with _time_limit(limit, self.task.request):
                 result = self.task.handler_func(self.payload, ctx)
             return result, json.dumps(result)
+        except TaskCancelled as exc:
+            self._end_cancelled(self._cancel_detail() or str(exc))
         except NonRetryableError as exc:
             self._die("non_retryable", str(exc), exc)
         except TypeError as exc:
@@ -195,6 +197,12 @@ class _Run:
             # Finished, but its worker may have died before Celery stored the
             # outcome: store it again (the result row is written idempotently).
             outcome, _, result_json = reply[1].decode().partition("|")
+            if outcome == "cancelled":
+                # Cancelled while waiting (cancel.lua): dropped, never run; the row says so.
+                results.store_revoked(self.task_id, _text(result_json), request=self.request)
+                leases.settle(self.record)
+                logger.info("cancelled_copy_dropped task=%s", self.task_id)
+                raise Ignore()
             self.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
             logger.info("redelivery_of_finished task=%s outcome=%s", self.task_id, outcome)
             if outcome == "done":
@@ -221,6 +229,8 @@ class _Run:
             due=now + decision.delay_s, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
             metric_field=self.field, owner=self.owner, retry_after_s=retry_after,
         ), "retry", self.task_id)
+        if reply[0] == b"cancelled":
+            self._end_cancelled(reply[1].decode(errors="replace"))
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
             raise Ignore()
@@ -247,6 +257,27 @@ class _Run:
         lifecycle.emit(lifecycle.task_finished,
                        lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
         raise failure
+
+    def _cancel_detail(self) -> str:
+        try:
+            flag = cast("bytes | None", get_redis().hget(self.record, "cx"))
+        except redis.RedisError:
+            return ""
+        return flag.decode(errors="replace") if flag else ""
+
+    def _end_cancelled(self, detail: str) -> NoReturn:
+        """A running task told of a cancel stopped (its handler raised TaskCancelled, or it failed and
+        would have been retried): it ends cancelled, its chat moves on, its row says REVOKED."""
+        detail = detail or "cancelled"
+        self._finish("cancelled", json.dumps(detail), "cancelled")
+        results.store_revoked(self.task_id, detail, request=self.task.request)
+        leases.settle(self.record)
+        results.announce_revoked(self.task_id)
+        ended_at = time.time()
+        lifecycle.emit(lifecycle.task_finished,
+                       lambda: self._info(ended_at, outcome="cancelled", reason="cancelled", detail=detail))
+        logger.info("task_cancelled_running task=%s detail=%r", self.task_id, detail)
+        raise Ignore()
 
     def _finish(self, outcome: str, result_json: str, reason: str) -> None:
         env = self.env
@@ -317,7 +348,7 @@ def _record_dead_letter(**row: Any) -> None:
 
 
 #: The result row's state that records each outcome.
-_ROW_STATE = {"done": states.SUCCESS, "dead": states.FAILURE}
+_ROW_STATE = {"done": states.SUCCESS, "dead": states.FAILURE, "cancelled": states.REVOKED}
 
 #: Redis errors after which a call may or may not have run.
 _UNANSWERED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -346,6 +377,15 @@ def _until_answered(call: Callable[[], Any], step: str, task_id: str) -> Any:
 
 #: Largest result kept in a tombstone; a bigger one is re-stored as null.
 TOMBSTONE_RESULT_MAX = 16384
+
+
+def _text(result_json: str) -> str:
+    """A stored detail (JSON text) back as text."""
+    try:
+        value = json.loads(result_json)
+    except ValueError:
+        return result_json
+    return value if isinstance(value, str) else result_json
 
 
 def _bounded(result_json: str) -> str:

@@ -4,7 +4,7 @@
 -- KEYS[4] active chats index   KEYS[5] metrics totals   KEYS[6] metrics minute
 -- KEYS[7] the task's tombstone (outcome and result, for a late redelivery)
 -- KEYS[8] deadlines of waiting tasks (a finished task leaves it)
--- ARGV: 1 task id, 2 outcome ('done'|'dead'), 3 result JSON, 4 now ms,
+-- ARGV: 1 task id, 2 outcome ('done'|'dead'|'cancelled': a running task told by cancel.lua that stopped), 3 result JSON, 4 now ms,
 --   5 seconds to keep the tombstone,
 --   6 queued lease ms, 7 chat id or '', 8 chat record prefix,
 --   9 metric field suffix ('lane|type'), 10 outcome detail (dead reason or ''),
@@ -29,7 +29,7 @@
 local f = redis.call('HMGET', KEYS[1], 'st', 'lane', 'own', 'lim')
 local st = f[1]
 if not st then return {'gone'} end
-if st == 'done' or st == 'dead' then return {'already', st} end
+if st == 'done' or st == 'dead' or st == 'cancelled' then return {'already', st} end
 if ARGV[14] ~= '' and st == 'running' and f[3] ~= ARGV[14] then return {'taken', f[3]} end
 local lane = f[2]
 -- The record keeps the outcome, under a short lease, until the worker has
@@ -48,6 +48,8 @@ if KEYS[8] then redis.call('ZREM', KEYS[8], KEYS[1]) end
 local field = ARGV[9]
 if ARGV[2] == 'done' then
   count_to(KEYS[5], KEYS[6], 'succeeded|' .. field)
+elseif ARGV[2] == 'cancelled' then
+  count_to(KEYS[5], KEYS[6], 'cancelled|' .. field)
 else
   count_to(KEYS[5], KEYS[6], 'dead|' .. field .. '|' .. ARGV[10])
 end

@@ -16,7 +16,7 @@ import urllib3
 from django.conf import settings
 
 from lanes.forksafe import ForkSafeLock
-from tasks.errors import NonRetryableError, RetryableError
+from tasks.errors import NonRetryableError, RetryableError, TaskCancelled
 from tasks.registry import BatchItem, Context, handler
 from tasks.webhook_url import WebhookTarget, WebhookURLError, parse_webhook_url, pin_addresses, redact_url
 
@@ -101,6 +101,8 @@ def post(payload: dict, ctx: Context) -> dict:
         "X-Dispatch-Attempt": str(ctx.attempt),
     }
     timeout = max(0.05, ctx.remaining)
+    if ctx.cancelled:  # the last moment the send can still be avoided (one HEXISTS)
+        raise TaskCancelled(f"cancelled before POST {shown}")
     # Connect to the address just checked (no second resolution: no DNS rebinding);
     # TLS still verifies the certificate against the URL's host name.
     tls = {"server_hostname": target.host, "assert_hostname": target.host} if target.scheme == "https" else None
