@@ -32,6 +32,7 @@ from lanes import leases
 from lanes.histogram import bucket_label
 from lanes.lua.claim_batch import claim_batch
 from lanes.lua.finish_batch import DoneItem, Latencies, finish_batch
+from lanes.lua.loader import ReplicaAcksMissing
 from lanes.messages import Envelope
 from tasks import config, results
 from tasks import signals as lifecycle
@@ -90,12 +91,17 @@ def _gather(task: Task, tc: config.TypeConf, leader: _Run) -> list[_Run]:
                 break
             time.sleep(window_s)
         now = time.time()
-        raw = claim_batch(
-            lane=leader.env.lane, handler=task.name, task_type=leader.env.type, owner=leader.owner, now=now,
-            lease_ms=int(settings.DISPATCH_LEASE_S * 1000), max_deliveries=settings.DISPATCH_MAX_DELIVERIES,
-            most=want - len(gathered), metric_field=leader.field, process=leases.process_id(),
-            liveness_ms=int(leases.LIVENESS_TTL_S * 1000),
-        )
+        try:
+            raw = claim_batch(
+                lane=leader.env.lane, handler=task.name, task_type=leader.env.type, owner=leader.owner, now=now,
+                lease_ms=int(settings.DISPATCH_LEASE_S * 1000), max_deliveries=settings.DISPATCH_MAX_DELIVERIES,
+                most=want - len(gathered), metric_field=leader.field, process=leases.process_id(),
+                liveness_ms=int(leases.LIVENESS_TTL_S * 1000),
+            )
+        except ReplicaAcksMissing as exc:
+            # As a single claim (tasks.execution): not run; their leases bring them back.
+            logger.warning("batch_claims_unconfirmed lane=%s error=%s: not run", leader.env.lane, exc)
+            break
         for message in raw:
             item = _item_of(task, message, leader.owner)
             if item is not None:

@@ -32,6 +32,7 @@ from django.conf import settings
 from lanes import keys, leases, metrics
 from lanes.histogram import bucket_label
 from lanes.lua.finish import finish as lua_finish
+from lanes.lua.loader import ReplicaAcksMissing
 from lanes.lua.retry import retry as lua_retry
 from lanes.lua.start import start as lua_start
 from lanes.messages import Envelope, build_message
@@ -177,13 +178,21 @@ class _Run:
         owner = leases.owner_id()
         qlat = now - env.ready_at  # a task sent for later is waited for from its due time
         for _ in range(2):
-            reply = lua_start(
-                task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner, now=now,
-                lease_ms=int(settings.DISPATCH_LEASE_S * 1000), max_deliveries=settings.DISPATCH_MAX_DELIVERIES,
-                dead_owner=dead_owner, metric_field=self.field,
-                queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
-                process=leases.process_id(), liveness_ms=int(leases.LIVENESS_TTL_S * 1000),
-            )
+            try:
+                reply = lua_start(
+                    task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner,
+                    now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
+                    max_deliveries=settings.DISPATCH_MAX_DELIVERIES, dead_owner=dead_owner, metric_field=self.field,
+                    queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
+                    process=leases.process_id(), liveness_ms=int(leases.LIVENESS_TTL_S * 1000),
+                )
+            except ReplicaAcksMissing as exc:
+                # Claimed on a master whose replicas lag: a failover now could forget
+                # the task and its caller send it again. Not run; the claim's lease
+                # runs out and the sweep sends it again once replicas keep up.
+                logger.warning("claim_unconfirmed task=%s error=%s: not run; its lease brings it back",
+                               self.task_id, exc)
+                raise Ignore() from exc
             status = reply[0].decode()
             if status == "run":
                 self.owner = owner

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from lanes import keys
 from lanes.lua.loader import call
 
@@ -16,7 +18,12 @@ def claim_batch(
     *, lane: str, handler: str, task_type: str, owner: str, now: float, lease_ms: int, max_deliveries: int,
     most: int, metric_field: str, process: str, liveness_ms: int,
 ) -> list[bytes]:
-    """Run claim_batch.lua (KEYS/ARGV in its header); returns the claimed messages as the broker held them."""
+    """Run claim_batch.lua (KEYS/ARGV in its header); returns the claimed messages as the broker held them.
+
+    With ``DISPATCH_REPLICA_ACKS`` > 0, claims that replicas did not confirm
+    raise ``ReplicaAcksMissing`` (as ``lanes.lua.start.start``): the caller
+    drops them and their leases bring them back.
+    """
     if most <= 0:
         return []
     return call(
@@ -25,4 +32,6 @@ def claim_batch(
          keys.process_held(process), *keys.lane_queues(lane)],
         [handler, task_type, owner, int(now * 1000), lease_ms, max_deliveries, most,
          most * LOOK_PER_TASK + LOOK_MARGIN, metric_field, process, liveness_ms, keys.CHAT_PREFIX],
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=bool,
     )

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from lanes import keys
 from lanes.lua.loader import call
 
@@ -15,7 +17,14 @@ def start(
     max_deliveries: int, dead_owner: str, metric_field: str, queue_latency_bucket: str, queue_latency_s: float,
     process: str, liveness_ms: int,
 ) -> list[Any]:
-    """Run start.lua (KEYS/ARGV in its header); returns its reply as Redis sent it."""
+    """Run start.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
+
+    With ``DISPATCH_REPLICA_ACKS`` = N > 0, a 'run' reply is returned only once
+    N replicas hold the claim, and so (one ordered replication stream) the
+    task's admission too; else ``lanes.lua.loader.ReplicaAcksMissing``. A
+    handler never runs a task that a failover could forget: the caller, told
+    ``unavailable`` for it, would send it again and it would run twice.
+    """
     return call(
         NAME,
         [record, keys.LEASES, keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)), keys.CONFIG_VERSION,
@@ -23,4 +32,10 @@ def start(
          keys.PROCS, keys.process_held(process)],
         [task_id, attempt, owner, int(now * 1000), lease_ms, max_deliveries, dead_owner, metric_field,
          queue_latency_bucket, f"{queue_latency_s:.6f}", process, liveness_ms],
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=_claimed,
     )
+
+
+def _claimed(reply: list[Any]) -> bool:
+    return bool(reply) and reply[0] == b"run"
