@@ -11,6 +11,9 @@ urlpatterns = [
     # Inside the admin (staff only; a logged-out visitor is sent to the admin login).
     path("admin/dashboard/", admin.site.admin_view(lane_views.dashboard), name="dispatch-dashboard"),
     path("admin/dashboard/data/", admin.site.admin_view(lane_views.dashboard_data), name="dispatch-dashboard-data"),
+    path("admin/dashboard/tasks/", admin.site.admin_view(lane_views.task_search), name="dispatch-task-search"),
+    path("admin/dashboard/lanes/<str:name>/purge/", admin.site.admin_view(lane_views.lane_purge),
+         name="dispatch-lane-purge"),
     path("admin/dashboard/lanes/<str:name>/<str:action>/", admin.site.admin_view(lane_views.lane_control),
          name="dispatch-lane-control"),
     # For a reverse proxy in front of Flower (nginx auth_request): 204 for staff, 401 otherwise.

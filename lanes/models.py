@@ -57,6 +57,8 @@ class Lane(models.Model):
             ("control_lane", "Can close, open, pause, resume and drain lanes"),
             # Flower shuts workers down, revokes tasks and shows every payload: more than staff.
             ("use_flower", "Can use Flower (control workers, revoke tasks, read payloads)"),
+            # Cancelling a task or a chat's queue (the admin's task search); a lane purge needs control_lane.
+            ("cancel_task", "Can cancel tasks and chats"),
         ]
 
     def __str__(self) -> str:

@@ -154,7 +154,8 @@ def lane_stats(lane: str, minutes: list[Counters], elapsed_s: float) -> dict[str
         }
     window = merge(minutes[: WINDOW_MINUTES + 1])
     counts = {kind: int(total(window, kind, lane))
-              for kind in ("dispatched", "rejected", "started", "succeeded", "retried", "dead", "completed")}
+              for kind in ("dispatched", "rejected", "started", "succeeded", "retried", "dead", "completed",
+                           "cancelled")}
     stats["counts_15m"] = counts
     finished = counts["succeeded"] + counts["dead"]
     stats["failure_rate_15m"] = round(counts["dead"] / finished, 4) if finished else None

@@ -20,7 +20,7 @@ from ops.limit_stats import LimitRow
 from ops.metrics import Counters, LaneGauges
 
 #: Field kinds that are per (lane, type) task counts -> the ``outcome`` label.
-OUTCOMES = ("dispatched", "rejected", "started", "succeeded", "retried", "dead")
+OUTCOMES = ("dispatched", "rejected", "started", "succeeded", "retried", "dead", "cancelled")
 
 
 def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, dict], chats: dict,
@@ -29,7 +29,7 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
     """Build every metric family from data already read (pure; unit tested)."""
     tasks = CounterMetricFamily(
         "dispatch_tasks", "Task events by lane, type and outcome (dispatched, rejected, started, succeeded, "
-        "retried, dead).", labels=["lane", "type", "outcome"])
+        "retried, dead, cancelled).", labels=["lane", "type", "outcome"])
     per_outcome: dict[tuple[str, str, str], float] = {}
     for key, value in totals.items():
         if key[0] in OUTCOMES and len(key) >= 3:

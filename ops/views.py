@@ -12,11 +12,14 @@ from django.shortcuts import redirect
 from django.template.loader import render_to_string
 from django.template.response import TemplateResponse
 from django.urls import reverse
+from django.utils.http import urlencode
 from django.views.decorators.http import require_GET, require_http_methods
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lanes.models import Lane, LaneEvent
 from ops import charts, control, metrics
+from ops import task_search as search
+from tasks import cancel as cancelling
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +80,14 @@ def _can_control(request: HttpRequest) -> bool:
     return request.user.has_perm("lanes.control_lane")
 
 
+#: Cancelling tasks and chats (the task search page, the dashboard's top chats).
+CANCEL_PERMISSION = "lanes.cancel_task"
+
+
+def _can_cancel(request: HttpRequest) -> bool:
+    return request.user.has_perm(CANCEL_PERMISSION)
+
+
 def _live_context(request: HttpRequest) -> dict:
     snap = metrics.snapshot()
     now = snap["generated_at"]
@@ -98,6 +109,8 @@ def _live_context(request: HttpRequest) -> dict:
     return {
         "snap": snap,
         "can_control": _can_control(request),
+        "can_cancel": _can_cancel(request),
+        "search_url": reverse("dispatch-task-search"),
         "flower_url": settings.FLOWER_URL,
         "events": list(LaneEvent.objects.all()[:10]),
         "deadletters_url": reverse("admin:tasks_deadletter_changelist") + "?status__exact=dead",
@@ -156,3 +169,88 @@ def lane_control(request: HttpRequest, name: str, action: str) -> HttpResponse:
         "from_changelist": False,
     }
     return TemplateResponse(request, "admin/lanes/control_confirm.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+def task_search(request: HttpRequest) -> HttpResponse:
+    """Find a task by id, a chat's queue, or a task by idempotency key; POST cancels (with the cancel permission)."""
+    if not _can_cancel(request):
+        return _text("you need the 'Can cancel tasks and chats' permission\n", 403)
+    if request.method == "POST":
+        return _cancel_from_search(request)
+    kind = request.GET.get("kind", "task")
+    q = request.GET.get("q", "").strip()
+    task_type = request.GET.get("type", "").strip()
+    rows: list[search.TaskRow] = []
+    searched = bool(q)
+    if q and kind == "task":
+        found = search.task(q)
+        rows = [found] if found else []
+    elif q and kind == "chat":
+        rows = search.chat(q)
+    elif q and kind == "key":
+        found = search.by_key(task_type, q)
+        rows = [found] if found else []
+    context = {
+        **admin.site.each_context(request),
+        "title": "Find and cancel tasks",
+        "kind": kind if kind in search.KINDS else "task",
+        "q": q,
+        "task_type": task_type,
+        "rows": rows,
+        "searched": searched,
+        "chat": q if kind == "chat" and rows else "",
+        "form_url": reverse("dispatch-task-search"),
+    }
+    return TemplateResponse(request, "admin/lanes/task_search.html", context)
+
+
+def _cancel_from_search(request: HttpRequest) -> HttpResponse:
+    """POST of a search row's (or a chat's) cancel button: cancel, say what it found, back to the search."""
+    by = f"admin:{request.user.get_username()}"
+    reason = request.POST.get("reason", "")[: cancelling.MAX_REASON_LEN]
+    chat_id = request.POST.get("chat", "")
+    task_id = request.POST.get("task_id", "")
+    if chat_id:
+        found = cancelling.cancel_chat(chat_id, reason, by=by)
+        counts: dict[str, int] = {}
+        for r in found:
+            counts[r.outcome] = counts.get(r.outcome, 0) + 1
+        summary = ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "nothing queued"
+        messages.success(request, f"chat {chat_id}: {summary}")
+        back = f"{reverse('dispatch-task-search')}?{urlencode({'kind': 'chat', 'q': chat_id})}"
+    else:
+        result = cancelling.cancel_task(task_id, reason, by=by)
+        level = messages.success if result.outcome in ("cancelled", "running_told") else messages.warning
+        level(request, f"task {result.task_id}: {result.outcome} ({result.detail})")
+        back = f"{reverse('dispatch-task-search')}?{urlencode({'kind': 'task', 'q': task_id})}"
+    return redirect(back)
+
+
+@require_http_methods(["GET", "POST"])
+def lane_purge(request: HttpRequest, name: str) -> HttpResponse:
+    """Cancel everything waiting in a lane: the lane-control permission and the lane's name typed to confirm."""
+    if not _can_control(request):
+        return _text("you need the 'Can close, open, pause, resume and drain lanes' permission\n", 403)
+    lane = Lane.objects.filter(name=name).first()
+    if lane is None:
+        return _text(f"no lane named {name!r}\n", 404)
+    error = ""
+    if request.method == "POST":
+        if request.POST.get("confirm", "") == name:
+            actor = request.user.get_username()
+            summary = cancelling.purge_lane(name, request.POST.get("reason", "") or "lane purge", by=f"admin:{actor}")
+            control.log(name, "purge", actor, f"cancelled {summary.cancelled} waiting task(s): {summary.counts}")
+            messages.success(request, f"lane {name}: {summary.cancelled} waiting task(s) cancelled")
+            return redirect(reverse("dispatch-dashboard"))
+        error = f"type the lane's name ({name}) to confirm"
+    context = {
+        **admin.site.each_context(request),
+        "title": f"Purge the queued tasks of lane {name}?",
+        "lane": lane,
+        "error": error,
+        "accepting": lane.accepting,
+        "cancel_url": reverse("dispatch-dashboard"),
+        "form_url": request.path,
+    }
+    return TemplateResponse(request, "admin/lanes/purge_confirm.html", context, status=400 if error else 200)

@@ -88,9 +88,25 @@ class TaskTypeForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance.pk and not self.is_bound:
             self.initial["limit_names"] = ", ".join(self.instance.limit_names())
+        # Batch fields left out of a post (a form from before issue 16) keep their defaults.
+        for name in ("batch_size", "batch_window_ms"):
+            self.fields[name].required = False
         defined = list(Limit.objects.values_list("name", flat=True)[:50])
         if defined:
             self.fields["limit_names"].help_text += f" Defined: {', '.join(defined)}."
+
+    def clean_batch_size(self) -> int:
+        return self._or_default("batch_size")
+
+    def clean_batch_window_ms(self) -> int:
+        return self._or_default("batch_window_ms")
+
+    def _or_default(self, name: str) -> int:
+        value = self.cleaned_data.get(name)
+        if value is None:
+            current = getattr(self.instance, name, None) if self.instance.pk else None
+            return current if current is not None else TaskType._meta.get_field(name).get_default()
+        return value
 
     def clean_limit_names(self) -> list[Limit]:
         names = [n.strip() for n in (self.cleaned_data.get("limit_names") or "").split(",") if n.strip()]
@@ -116,7 +132,8 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     form = TaskTypeForm
     # Enabled right after the name: the list scrolls sideways in its box, and the
     # last column was out of sight at 1,400 px with the sidebars (issue 13).
-    list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout")
+    list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout",
+                    "batch_size")
     list_filter = ("lane", "handler", "chat_scoped", "enabled")
     search_fields = ("name",)
     fieldsets = (
@@ -125,6 +142,7 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
         ("Time and retries", {"fields": ("timeout", "attempt_timeout", "retry_policy")}),
         ("Ordering and bounds", {"fields": ("chat_scoped", "chat_queue_size", "max_payload_bytes",
                                             "idempotency_window")}),
+        ("Batching (batched handlers only)", {"fields": ("batch_size", "batch_window_ms")}),
     )
 
 

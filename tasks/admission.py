@@ -25,6 +25,7 @@ from lanes import keys
 from lanes.consumers import no_consumer_detail
 from lanes.messages import Envelope, build_message
 from lanes.priorities import to_kombu
+from tasks import cancel as cancelling
 from tasks import config
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
@@ -49,6 +50,12 @@ class DispatchResult:
         if not self.task_id:
             raise ValueError(f"dispatch was not accepted ({self.reason}): there is no task to wait for")
         return self.async_result().get(timeout=timeout, propagate=propagate, interval=interval)
+
+    def cancel(self, reason: str = "", *, by: str = "") -> cancelling.CancelResult:
+        """Cancel this task (``tasks.cancel.cancel_task``); a rejected dispatch answers ``invalid``."""
+        if not self.task_id:
+            return cancelling.CancelResult("", "invalid", f"dispatch was not accepted ({self.reason})")
+        return cancelling.cancel_task(self.task_id, reason, by=by)
 
     def async_result(self) -> AsyncResult:
         return AsyncResult(self.task_id, app=current_app._get_current_object())

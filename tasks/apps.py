@@ -18,9 +18,10 @@ class TasksConfig(AppConfig):
         from celery import current_app
 
         from tasks import bulk, dispatch, handlers, maintenance, receivers, registry  # noqa: F401  (bulk, dispatch, maintenance: shared tasks)
+        from tasks.batching import BatchHandlerTask
         from tasks.execution import HandlerTask
 
-        registry.bind(current_app._get_current_object(), HandlerTask)
+        registry.bind(current_app._get_current_object(), HandlerTask, BatchHandlerTask)
         receivers.connect()
         # Modules whose receivers must be connected in every process, workers
         # included (worker-side signals fire in the worker): DISPATCH_HOOK_MODULES.

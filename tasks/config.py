@@ -52,6 +52,9 @@ class TypeConf:
     enabled: bool
     options: dict
     policy: Backoff
+    #: Batched handlers: most tasks per handler call, and how long to wait to fill a batch.
+    batch_size: int = 1
+    batch_window_ms: int = 0
     #: The type's limits, in its order (empty: the unlimited path, no limit work at all).
     limits: tuple[LimitRef, ...] = ()
 
@@ -121,6 +124,8 @@ def _load(version: str) -> Snapshot:
             options=dict(tt.options or {}),
             policy=_backoff(rp),
             limits=tuple(type_limits.get(tt.pk, ())),
+            batch_size=tt.batch_size,
+            batch_window_ms=tt.batch_window_ms,
         )
     _publish_limits(limits)
     return Snapshot(version, lanes, types, limits, db_revision, policies)

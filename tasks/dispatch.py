@@ -19,6 +19,7 @@ import redis
 from celery import Task, shared_task
 
 from lanes.lua.admit import admit as lua_admit
+from tasks import cancel as cancelling
 from tasks import config
 from tasks.admission import (  # noqa: F401  (DispatchResult, payload_digest: imported from here by callers)
     DISPATCH_OPTIONS,
@@ -112,6 +113,24 @@ class DispatchTask(Task):
             if options.get(name) is not None:
                 kwargs.setdefault(name, options[name])
         return admit(*(args or ()), **kwargs)
+
+    def cancel(self, task_id: Any, reason: Any = "", *, by: Any = "") -> cancelling.CancelResult:
+        """Cancel a task by id: removed if it waits, told if it runs; answers what it found, never raises."""
+        return cancelling.cancel_task(task_id, reason, by=by)
+
+    def cancel_chat(self, chat_id: Any, reason: Any = "", *, by: Any = "") -> list[cancelling.CancelResult]:
+        """Cancel everything queued for a chat (its running head is told)."""
+        return cancelling.cancel_chat(chat_id, reason, by=by)
+
+    def cancel_key(self, task_type: Any, idempotency_key: Any, reason: Any = "", *,
+                   by: Any = "") -> cancelling.CancelResult:
+        """Cancel the task a ``(task_type, idempotency_key)`` names."""
+        return cancelling.cancel_key(task_type, idempotency_key, reason, by=by)
+
+
+#: ``from tasks.dispatch import cancel_chat`` (the same as ``dispatch.cancel_chat``).
+cancel_chat = cancelling.cancel_chat
+cancel_key = cancelling.cancel_key
 
 
 @shared_task(base=DispatchTask, name="tasks.dispatch", typing=False)

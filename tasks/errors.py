@@ -19,6 +19,10 @@ class NonRetryableError(DispatchError):
     """The attempt failed for good: the task becomes a dead letter without more attempts."""
 
 
+class TaskCancelled(DispatchError):
+    """A handler stops because its task was cancelled (``ctx.cancelled``): it ends cancelled, never retried."""
+
+
 class AttemptTimeout(RetryableError):
     """The attempt ran past its time limit (min of attempt_timeout and time left)."""
 

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import redis
 from billiard.exceptions import SoftTimeLimitExceeded
@@ -32,14 +32,15 @@ from django.conf import settings
 from lanes import keys, leases, metrics
 from lanes.histogram import bucket_label
 from lanes.lua.finish import finish as lua_finish
+from lanes.lua.loader import ReplicaAcksMissing
 from lanes.lua.retry import retry as lua_retry
 from lanes.lua.start import start as lua_start
 from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
-from tasks import config, dead_letters, validation
+from tasks import config, dead_letters, results, validation
 from tasks import signals as lifecycle
 from tasks.context import Context
-from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
+from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError, TaskCancelled
 from tasks.links import dead_letter_admin_url
 from tasks.retry import Backoff, decide_retry
 from tasks.validation import encode_json
@@ -53,6 +54,8 @@ class HandlerTask(Task):
     typing = False
     acks_late = True
     handler_func = None
+    #: Set for a batched handler (``@handler(..., batch=True)``, bound on tasks.batching.BatchHandlerTask).
+    batched = False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return execute(self, args, kwargs)
@@ -78,7 +81,9 @@ def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> NoReturn:
                                admin_url=dead_letter_admin_url(task.request.id or "unknown"))
 
 
-def execute(task: Task, args: tuple, kwargs: dict) -> Any:
+def execute(task: Task, args: tuple, kwargs: dict,
+            runner: Callable[[Task, Envelope, dict], Any] | None = None) -> Any:
+    """Check the message's arguments, then run it (``runner``: a batched handler's, tasks.batching)."""
     payload, raw_env = kwargs.get("payload"), kwargs.get("dispatch")
     if args or set(kwargs) - {"payload", "dispatch"}:
         _malformed(task, "unexpected arguments", payload, raw_env)
@@ -89,6 +94,8 @@ def execute(task: Task, args: tuple, kwargs: dict) -> Any:
     if not isinstance(payload, dict):
         _malformed(task, "payload is not an object", payload, raw_env)
     try:
+        if runner is not None:
+            return runner(task, env, payload)
         return _Run(task, env, payload).run()
     except _Finished as finished:
         return finished.result
@@ -100,11 +107,16 @@ class _Finished(Exception):
 
 
 class _Run:
-    def __init__(self, task: Task, env: Envelope, payload: dict) -> None:
+    def __init__(self, task: Task, env: Envelope, payload: dict, task_id: str | None = None,
+                 request: Any = None) -> None:
+        # ``task_id``/``request``: an item a batch claimed beside the delivered
+        # task (tasks.batching) has its own id, and a request of its own where
+        # the outcome to store is noted.
         self.task = task
         self.env = env
         self.payload = payload
-        self.task_id: str = task.request.id
+        self.task_id: str = task_id or task.request.id
+        self.request = request if request is not None else task.request
         self.record = keys.task_record(self.task_id, env.chat or None)
         self.field = f"{env.lane}|{env.type}"
         self.started_at = 0.0
@@ -128,7 +140,7 @@ class _Run:
         ctx = Context(
             task_id=self.task_id, type=env.type, lane=env.lane, chat_id=env.chat, attempt=env.attempt,
             deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or self.task_id,
-            metadata=env.meta or {}, options=tc.options,
+            metadata=env.meta or {}, options=tc.options, _record=self.record,
         )
         lifecycle.emit(lifecycle.task_started, lambda: self._info(now))
         leases.hold(self.record)
@@ -146,6 +158,8 @@ class _Run:
             with _time_limit(limit, self.task.request):
                 result = self.task.handler_func(self.payload, ctx)
             return result, json.dumps(result)
+        except TaskCancelled as exc:
+            self._end_cancelled(self._cancel_detail() or str(exc))
         except NonRetryableError as exc:
             self._die("non_retryable", str(exc), exc)
         except TypeError as exc:
@@ -164,14 +178,22 @@ class _Run:
         owner = leases.owner_id()
         qlat = now - env.ready_at  # a task sent for later is waited for from its due time
         for _ in range(2):
-            reply = lua_start(
-                task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner, now=now,
-                lease_ms=int(settings.DISPATCH_LEASE_S * 1000), max_deliveries=settings.DISPATCH_MAX_DELIVERIES,
-                dead_owner=dead_owner, metric_field=self.field,
-                queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
-                process=leases.process_id(),
-                liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000),
-            )
+            try:
+                reply = lua_start(
+                    task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner,
+                    now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
+                    max_deliveries=settings.DISPATCH_MAX_DELIVERIES, dead_owner=dead_owner, metric_field=self.field,
+                    queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
+                    process=leases.process_id(),
+                    liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000),
+                )
+            except ReplicaAcksMissing as exc:
+                # Claimed on a master whose replicas lag: a failover now could forget
+                # the task and its caller send it again. Not run; the claim's lease
+                # runs out and the sweep sends it again once replicas keep up.
+                logger.warning("claim_unconfirmed task=%s error=%s: not run; its lease brings it back",
+                               self.task_id, exc)
+                raise Ignore() from exc
             status = reply[0].decode()
             if status == "run":
                 self.owner = owner
@@ -185,7 +207,13 @@ class _Run:
             # Finished, but its worker may have died before Celery stored the
             # outcome: store it again (the result row is written idempotently).
             outcome, _, result_json = reply[1].decode().partition("|")
-            self.task.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
+            if outcome == "cancelled":
+                # Cancelled while waiting (cancel.lua): dropped, never run; the row says so.
+                results.store_revoked(self.task_id, _text(result_json), request=self.request)
+                leases.settle(self.record)
+                logger.info("cancelled_copy_dropped task=%s", self.task_id)
+                raise Ignore()
+            self.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
             logger.info("redelivery_of_finished task=%s outcome=%s", self.task_id, outcome)
             if outcome == "done":
                 raise _Finished(json.loads(result_json))
@@ -211,6 +239,8 @@ class _Run:
             due=now + decision.delay_s, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
             metric_field=self.field, owner=self.owner, retry_after_s=retry_after,
         ), "retry", self.task_id)
+        if reply[0] == b"cancelled":
+            self._end_cancelled(reply[1].decode(errors="replace"))
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
             raise Ignore()
@@ -238,6 +268,27 @@ class _Run:
                        lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
         raise failure
 
+    def _cancel_detail(self) -> str:
+        try:
+            flag = cast("bytes | None", get_redis().hget(self.record, "cx"))
+        except redis.RedisError:
+            return ""
+        return flag.decode(errors="replace") if flag else ""
+
+    def _end_cancelled(self, detail: str) -> NoReturn:
+        """A running task told of a cancel stopped (its handler raised TaskCancelled, or it failed and
+        would have been retried): it ends cancelled, its chat moves on, its row says REVOKED."""
+        detail = detail or "cancelled"
+        self._finish("cancelled", json.dumps(detail), "cancelled")
+        results.store_revoked(self.task_id, detail, request=self.task.request)
+        leases.settle(self.record)
+        results.announce_revoked(self.task_id)
+        ended_at = time.time()
+        lifecycle.emit(lifecycle.task_finished,
+                       lambda: self._info(ended_at, outcome="cancelled", reason="cancelled", detail=detail))
+        logger.info("task_cancelled_running task=%s detail=%r", self.task_id, detail)
+        raise Ignore()
+
     def _finish(self, outcome: str, result_json: str, reason: str) -> None:
         env = self.env
         now = time.time()
@@ -254,7 +305,7 @@ class _Run:
             # task: its attempt records the outcome; this one stores nothing.
             logger.warning("finish_skipped task=%s taken_by=%s", self.task_id, reply[1].decode())
             raise Ignore()
-        self.task.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
+        self.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
 
     def _info(self, now: float, **extra: Any) -> lifecycle.TaskInfo:
         env = self.env
@@ -307,7 +358,7 @@ def _record_dead_letter(**row: Any) -> None:
 
 
 #: The result row's state that records each outcome.
-_ROW_STATE = {"done": states.SUCCESS, "dead": states.FAILURE}
+_ROW_STATE = {"done": states.SUCCESS, "dead": states.FAILURE, "cancelled": states.REVOKED}
 
 #: Redis errors after which a call may or may not have run.
 _UNANSWERED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -336,6 +387,15 @@ def _until_answered(call: Callable[[], Any], step: str, task_id: str) -> Any:
 
 #: Largest result kept in a tombstone; a bigger one is re-stored as null.
 TOMBSTONE_RESULT_MAX = 16384
+
+
+def _text(result_json: str) -> str:
+    """A stored detail (JSON text) back as text."""
+    try:
+        value = json.loads(result_json)
+    except ValueError:
+        return result_json
+    return value if isinstance(value, str) else result_json
 
 
 def _bounded(result_json: str) -> str:

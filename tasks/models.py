@@ -158,6 +158,12 @@ class Limit(models.Model):
                 "fair_share": self.fair_share, "weights": dict(self.weights or {}), "window": window}
 
 
+#: Most tasks one call of a batched handler takes (issue 16).
+MAX_BATCH_SIZE = 1000
+#: Longest a worker waits to fill a batch, in milliseconds.
+MAX_BATCH_WINDOW_MS = 1000
+
+
 class TaskType(models.Model):
     """What callers dispatch by name: which handler runs it, in which lane, how it retries."""
 
@@ -184,6 +190,15 @@ class TaskType(models.Model):
     enabled = models.BooleanField("enabled", default=True)
     options = models.JSONField(
         "options", default=dict, blank=True, help_text="Handler settings, checked by the handler."
+    )
+    batch_size = models.PositiveIntegerField(
+        "batch size", default=100,
+        help_text=f"Batched handlers only: most tasks one handler call takes (1..{MAX_BATCH_SIZE}).",
+    )
+    batch_window_ms = models.PositiveIntegerField(
+        "batch window (ms)", default=5,
+        help_text=f"Batched handlers only: how long a worker waits for more ready tasks to fill a batch "
+                  f"(0..{MAX_BATCH_WINDOW_MS}).",
     )
     limits = models.ManyToManyField(
         Limit, through="TaskTypeLimit", blank=True, related_name="task_types", verbose_name="limits",
@@ -225,6 +240,10 @@ class TaskType(models.Model):
                                          f"timeout ({self.timeout:g} s), the task's whole life.")
         if self.chat_queue_size is not None and not 1 <= self.chat_queue_size <= 100000:
             errors["chat_queue_size"] = "Chat queue size must be between 1 and 100000."
+        if self.batch_size is not None and not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            errors["batch_size"] = f"Batch size must be between 1 and {MAX_BATCH_SIZE}."
+        if self.batch_window_ms is not None and not 0 <= self.batch_window_ms <= MAX_BATCH_WINDOW_MS:
+            errors["batch_window_ms"] = f"Batch window must be between 0 and {MAX_BATCH_WINDOW_MS} ms."
         if self.max_payload_bytes is not None and not 2 <= self.max_payload_bytes <= 8 * 1024 * 1024:
             errors["max_payload_bytes"] = "Max payload bytes must be between 2 and 8388608."
         if not isinstance(self.options, dict):

@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 
 from celery import Celery, Task
 
-from tasks.context import Context
+from tasks.context import BatchItem, Context
 
-__all__ = ["Context", "HandlerSpec", "bind", "get", "handler", "handler_choices", "handler_names", "task",
+__all__ = ["BatchItem", "Context", "HandlerSpec", "bind", "get", "handler", "handler_choices", "handler_names", "task",
            "validate_options"]
 
 OptionsValidator = Callable[[dict], None]
@@ -40,12 +40,15 @@ class HandlerSpec:
     option_keys: tuple[str, ...] | None = None
     #: Options of the Celery task bound for it (``@handler("x", queue=...)``).
     task_options: dict[str, Any] = field(default_factory=dict)
+    #: Batched (``@handler("x", batch=True)``): called with a list of (payload, ctx)
+    #: items, returns one outcome per item (tasks.batching).
+    batch: bool = False
 
 
 _handlers: dict[str, HandlerSpec] = {}
 _tasks: dict[str, Task] = {}
-#: The app and base task class handlers are bound to, once ``bind`` ran.
-_bound_to: tuple[Celery, type[Task]] | None = None
+#: The app and base task classes (plain, batched) handlers are bound to, once ``bind`` ran.
+_bound_to: tuple[Celery, type[Task], type[Task] | None] | None = None
 
 
 def handler(
@@ -53,11 +56,15 @@ def handler(
     *,
     validate_options: OptionsValidator | None = None,
     option_keys: tuple[str, ...] | None = None,
+    batch: bool = False,
     **task_options: Any,
 ) -> Callable[[F], F]:
     """Declare ``func`` as the handler ``name`` (also its Celery task name, shown in Flower).
 
     ``option_keys`` lists the task-type options the handler reads; others are refused.
+    ``batch=True``: ``func(items)`` takes a list of ``(payload, ctx)`` and returns one
+    outcome per item, in order: a value, or the exception that item raised
+    (``RetryableError`` / ``NonRetryableError``); see docs/batching.md.
     """
 
     def decorator(func: F) -> F:
@@ -65,7 +72,8 @@ def handler(
             raise ValueError(f"handler '{name}' is already registered")
         doc = (func.__doc__ or "").strip().splitlines()
         spec = HandlerSpec(name, func, validate_options, doc[0] if doc else "",
-                           tuple(option_keys) if option_keys is not None else None, dict(task_options))
+                           tuple(option_keys) if option_keys is not None else None, dict(task_options),
+                           bool(batch))
         _handlers[name] = spec
         if _bound_to is not None:
             _bind_one(spec, *_bound_to)
@@ -74,19 +82,25 @@ def handler(
     return decorator
 
 
-def bind(app: Celery, base: type[Task]) -> None:
-    """Make every declared handler (and each declared later) a task of ``app`` on ``base``."""
+def bind(app: Celery, base: type[Task], batch_base: type[Task] | None = None) -> None:
+    """Make every declared handler (and each declared later) a task of ``app`` on ``base``
+    (a batched one on ``batch_base``)."""
     global _bound_to
-    _bound_to = (app, base)
+    _bound_to = (app, base, batch_base)
     for spec in list(_handlers.values()):
-        _bind_one(spec, app, base)
+        _bind_one(spec, app, base, batch_base)
 
 
-def _bind_one(spec: HandlerSpec, app: Celery, base: type[Task]) -> None:
+def _bind_one(spec: HandlerSpec, app: Celery, base: type[Task], batch_base: type[Task] | None = None) -> None:
     if spec.name in _tasks:
         return
+    if spec.batch:
+        if batch_base is None:
+            raise ValueError(f"handler '{spec.name}' is batched, and no batched base task was given to bind")
+        base = batch_base
     _tasks[spec.name] = app.task(
-        name=spec.name, base=base, handler_func=staticmethod(spec.func), typing=False, **spec.task_options
+        name=spec.name, base=base, handler_func=staticmethod(spec.func), typing=False, batched=spec.batch,
+        **spec.task_options
     )(spec.func)
 
 

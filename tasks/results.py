@@ -32,12 +32,16 @@ UPDATE_FIELDS = ("status", "result", "traceback", "meta", "content_encoding", "c
 #: Columns of one row, in the order :func:`upsert_rows` expects its tuples.
 ROW_FIELDS = ("task_id", *UPDATE_FIELDS, "date_created")
 
-_statements: dict[tuple[str, int], str] = {}
+_statements: dict[tuple[str, int, bool], str] = {}
 
 
-def _statement(connection: Any, n_rows: int) -> str:
-    """``INSERT ... VALUES (...) x n_rows ON CONFLICT (task_id) DO UPDATE``, built once per database and size."""
-    key = (connection.alias, n_rows)
+def _statement(connection: Any, n_rows: int, keep_ready: bool = False) -> str:
+    """``INSERT ... VALUES (...) x n_rows ON CONFLICT (task_id) DO UPDATE``, built once per database and size.
+
+    ``keep_ready``: the update leaves a row already in a final state alone (a
+    late RETRY must not replace the REVOKED row a cancel wrote meanwhile).
+    """
+    key = (connection.alias, n_rows, keep_ready)
     sql = _statements.get(key)
     if sql is None:
         q = connection.ops.quote_name
@@ -47,11 +51,14 @@ def _statement(connection: Any, n_rows: int) -> str:
         updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns[1:1 + len(UPDATE_FIELDS)])
         sql = (f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)}) VALUES {', '.join([row] * n_rows)} "
                f"ON CONFLICT ({q(meta.get_field('task_id').column)}) DO UPDATE SET {updates}")
+        if keep_ready:
+            final = ", ".join(f"'{state}'" for state in sorted(states.READY_STATES))
+            sql += f" WHERE {q(meta.db_table)}.{q(meta.get_field('status').column)} NOT IN ({final})"
         _statements[key] = sql
     return sql
 
 
-def upsert_rows(using: str | None, rows: Iterable[dict[str, Any]]) -> int:
+def upsert_rows(using: str | None, rows: Iterable[dict[str, Any]], keep_ready: bool = False) -> int:
     """Insert or overwrite result rows (dicts keyed by :data:`ROW_FIELDS` less the dates) in one statement.
 
     Both dates are set to now; on conflict ``date_created`` keeps its first
@@ -71,12 +78,12 @@ def upsert_rows(using: str | None, rows: Iterable[dict[str, Any]]) -> int:
         params.append(now)  # date_done
         params.append(now)  # date_created
     with connection.cursor() as cursor:
-        cursor.execute(_statement(connection, len(by_id)), params)
+        cursor.execute(_statement(connection, len(by_id), keep_ready), params)
     return len(by_id)
 
 
-def upsert_row(using: str | None, row: dict[str, Any]) -> None:
-    upsert_rows(using, (row,))
+def upsert_row(using: str | None, row: dict[str, Any], keep_ready: bool = False) -> None:
+    upsert_rows(using, (row,), keep_ready)
 
 
 class UpsertBackend(DatabaseBackend):
@@ -96,5 +103,41 @@ class UpsertBackend(DatabaseBackend):
         if status == states.STARTED:
             return super()._store_result(task_id, result, status, traceback, request, using)
         row, encoded = self.result_row(task_id, result, status, traceback, request)
-        upsert_row(using, row)
+        # A state that is not final (RETRY) never replaces a final one (a cancel's REVOKED).
+        upsert_row(using, row, keep_ready=status not in states.READY_STATES)
         return encoded
+
+
+# --- cancelled tasks (issue 18: tasks.cancel) ----------------------------------
+
+
+def store_revoked(task_id: str, detail: str, request: Any = None) -> None:
+    """Record a cancel as Celery's ``REVOKED`` state, ``detail`` (reason and who asked) as its reason.
+
+    ``AsyncResult.get()`` then raises ``celery.exceptions.TaskRevokedError`` and
+    Flower's result view shows the state. Idempotent (the row is upserted).
+    """
+    from celery import current_app
+
+    current_app.backend.mark_as_revoked(task_id, detail, request=request)
+
+
+def stored_state(task_id: str) -> str | None:
+    """The state of ``task_id``'s result row, or None without one (a cancel answering what it found)."""
+    return TaskResult.objects.filter(task_id=task_id).values_list("status", flat=True).first()
+
+
+def announce_revoked(task_id: str) -> None:
+    """Send Celery's ``task-revoked`` event (Flower's live view), when workers send task events; never raise."""
+    from celery import current_app
+
+    app = current_app._get_current_object()
+    if not app.conf.worker_send_task_events:
+        return
+    try:
+        with app.events.default_dispatcher() as dispatcher:
+            dispatcher.send("task-revoked", uuid=task_id, terminated=False, signum=None, expired=False)
+    except Exception:  # the cancel holds without the event
+        import logging
+
+        logging.getLogger(__name__).warning("revoked_event_not_sent task=%s", task_id, exc_info=True)

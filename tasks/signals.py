@@ -39,7 +39,7 @@ class TaskInfo:
     queue_latency_s: float | None = None
     #: Seconds the handler ran (finished).
     execution_latency_s: float | None = None
-    #: ``succeeded`` | ``retrying`` | ``dead`` (finished).
+    #: ``succeeded`` | ``retrying`` | ``dead`` | ``cancelled`` (finished).
     outcome: str = ""
     #: Rejection or dead-letter reason.
     reason: str = ""

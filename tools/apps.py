@@ -12,4 +12,5 @@ class ToolsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from tools import sink  # noqa: F401  (registers the loadtest.sink handler, only where tools are installed)
+        # Registers the loadtest.sink handler and the SMS demo's (issue 16), only where tools are installed.
+        from tools import sink, sms_demo  # noqa: F401

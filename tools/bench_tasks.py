@@ -1,4 +1,5 @@
-"""Benchmark-only tasks (``bench.celery_work``, ``bench.work``): the same work for plain Celery and the platform.
+"""Benchmark-only tasks (``bench.celery_work``, ``bench.work``, ``bench.work_batch``): the same work for plain
+Celery, the platform, and the platform's batched path.
 
 Imported by the benchmark's workers (``celery ... worker -I tools.bench_tasks``)
 and by its producer; not part of the platform's runtime. ``payload["ms"]``
@@ -33,3 +34,11 @@ def celery_work(payload: dict) -> None:
 def platform_work(payload: dict, ctx: Any) -> None:
     """The platform's handler doing the same work."""
     work(payload)
+
+
+@handler("bench.work_batch", batch=True)
+def platform_work_batch(items: list) -> list:
+    """The batched path (issue 16): one call for many tasks, whose I/O is one request (the first item's ``ms``)."""
+    if items:
+        work(items[0][0])
+    return [None] * len(items)

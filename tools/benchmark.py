@@ -47,6 +47,8 @@ SYSTEMS: dict[str, str] = {
     "chat": "platform chat-scoped type, 1,000 chats",
     "dramatiq": "Dramatiq actor (.send; reference), the shape nearest the Celery workers",
     "dramatiq-defaults": "Dramatiq actor at its own defaults (processes = CPUs, 8 threads each)",
+    "batch": "platform batched type (dispatch.delay; batches of up to 100, I/O once per batch)",
+    "batch-bulk": "platform batched type, sent with dispatch_many (chunks of 500)",
 }
 #: The Dramatiq systems; the issue's targets compare with the faster of them in each workload.
 DRAMATIQ_SYSTEMS = ("dramatiq", "dramatiq-defaults")
@@ -59,19 +61,31 @@ WORKLOADS: dict[str, str] = {
     "dispatch": "dispatch only (calls/s, nobody consuming)",
     "noop": "end to end, no-op (tasks/s drained)",
     "io": "end to end, 20 ms I/O (tasks/s drained)",
+    "sms": "SMS demo end to end (seed 004; msg/s, a row each): platform = sms.submit_one, batch = sms.submit",
 }
-PLAIN_TYPE, CHAT_TYPE = "bench.plain", "bench.chat"
-PLAIN_LANE, CHAT_LANE = "bench-plain", "bench-chat"
+#: Workloads run when none are named (``sms`` only on request: it needs its supplier, and only
+#: the platform's two systems run it).
+DEFAULT_WORKLOADS = [w for w in WORKLOADS if w != "sms"]
+#: The systems that run the ``sms`` workload, and the task type each sends.
+SMS_TYPES = {"platform": "bench.sms_one", "batch": "bench.sms"}
+PLAIN_TYPE, CHAT_TYPE, BATCH_TYPE = "bench.plain", "bench.chat", "bench.batch"
+PLAIN_LANE, CHAT_LANE, BATCH_LANE = "bench-plain", "bench-chat", "bench-batch"
+#: The batched type's batch size and window (issue 16).
+BATCH_SIZE, BATCH_WINDOW_MS = 100, 2
 BENCH_CONFIG = {
     "retry_policies": [{"name": "bench", "max_retries": 3, "initial_backoff": 0.5, "multiplier": 2.0,
                         "max_backoff": 5.0, "jitter": 0.2}],
     "lanes": [{"name": PLAIN_LANE, "capacity": 1_000_000, "accepting": True},
-              {"name": CHAT_LANE, "capacity": 1_000_000, "accepting": True}],
+              {"name": CHAT_LANE, "capacity": 1_000_000, "accepting": True},
+              {"name": BATCH_LANE, "capacity": 1_000_000, "accepting": True}],
     "task_types": [
         {"name": PLAIN_TYPE, "handler": "bench.work", "lane": PLAIN_LANE, "priority": 5, "retry_policy": "bench",
          "timeout": 600, "attempt_timeout": 60, "chat_scoped": False, "options": {}},
         {"name": CHAT_TYPE, "handler": "bench.work", "lane": CHAT_LANE, "priority": 5, "retry_policy": "bench",
          "timeout": 600, "attempt_timeout": 60, "chat_scoped": True, "chat_queue_size": 10_000, "options": {}},
+        {"name": BATCH_TYPE, "handler": "bench.work_batch", "lane": BATCH_LANE, "priority": 5,
+         "retry_policy": "bench", "timeout": 600, "attempt_timeout": 60, "chat_scoped": False, "options": {},
+         "batch_size": BATCH_SIZE, "batch_window_ms": BATCH_WINDOW_MS},
     ],
 }
 
@@ -91,14 +105,20 @@ class BenchOptions:
     io_pool: str = "threads"
     io_concurrency: int = 16
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
-    workloads: list[str] = field(default_factory=lambda: list(WORKLOADS))
+    workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
+    n_sms: int = 3000
+    #: The simulated supplier (tools.sms_supplier): channels, messages/s per channel, ms per request.
+    sms_channels: int = 6
+    sms_tps: float = 1000.0
+    sms_latency_ms: float = 20.0
     redis_url: str | None = None
     profile_dir: str | None = None
     timeout_s: float = 600.0
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchOptions:
-        return cls(**{"rounds": 1, "n_dispatch": 300, "n_noop": 200, "n_io": 200, "warmup": 20, **overrides})
+        return cls(**{"rounds": 1, "n_dispatch": 300, "n_noop": 200, "n_io": 200, "n_sms": 200, "warmup": 20,
+                      **overrides})
 
 
 @dataclass
@@ -227,6 +247,7 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-bench-"))
         self.redis: _Proc | None = None
         self.redis_pid: int | None = None
+        self.supplier: _Proc | None = None
         self.env: dict[str, str] = {}
 
     # -- environment -------------------------------------------------------
@@ -268,10 +289,20 @@ class Bench:
         if self.redis_pid is None:
             self.redis_pid = _redis_pid(client)
         client.flushdb()
+        if "sms" in self.o.workloads:
+            port = _free_port()
+            self.supplier = _Proc([sys.executable, "-m", "tools.sms_supplier", "--port", str(port), "--tps",
+                                   str(self.o.sms_tps), "--latency-ms", str(self.o.sms_latency_ms)],
+                                  dict(os.environ), self.tmp / "supplier.log")
+            self.env["BENCH_SMS_URL"] = f"http://127.0.0.1:{port}/submit"
+            self._wait(lambda: _count_in(self.tmp / "supplier.log", 0, b"ready at") >= 1, [self.supplier],
+                       "sms supplier")
         self._manage("migrate", "--verbosity", "0")
         self._manage("benchmark", "--role", "setup")
 
     def teardown(self) -> None:
+        if self.supplier is not None:
+            self.supplier.stop()
         if self.redis is not None:
             self.redis.stop()
         if not os.environ.get("KEEP_BENCH_TMP"):
@@ -286,7 +317,7 @@ class Bench:
 
     # -- workers -----------------------------------------------------------
     def worker_shape(self, workload: str) -> tuple[str, int]:
-        if workload == "io":
+        if workload in ("io", "sms"):
             return self.o.io_pool, self.o.io_concurrency
         return self.o.pool, self.o.concurrency
 
@@ -320,7 +351,8 @@ class Bench:
                                 str(threads), "-Q", "bench-dramatiq"], env, log))
             self._wait(lambda: _count_in(log, offset, b"ready for action") >= n_procs, procs, system)
             return procs
-        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE}[system]
+        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE, "batch": BATCH_LANE,
+                 "batch-bulk": BATCH_LANE}[system]
         for i in range(self.o.instances):
             procs.append(_Proc(
                 [str(BIN / "celery"), "-A", "dispatchsite", "worker", "-Q", queue, "-n", f"bench{i}-{system}@%h",
@@ -346,7 +378,10 @@ class Bench:
         if system in DRAMATIQ_SYSTEMS and not dramatiq_available():
             m.error = "skipped: dramatiq not installed (pip install -r requirements-bench.txt)"
             return m
-        n = {"dispatch": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io}[workload]
+        if workload == "sms" and system not in SMS_TYPES:
+            m.error = "skipped: the sms workload is the platform's demo (systems platform and batch)"
+            return m
+        n = {"dispatch": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io, "sms": self.o.n_sms}[workload]
         probe_dir = self.tmp / f"probe-{workload}-{system}-{round_no}"
         procs: list[_Proc] = []
         profilers: list[subprocess.Popen] = []
@@ -355,6 +390,7 @@ class Bench:
                 procs = self.start_workers(system, workload, probe_dir)
             spec = {"system": system, "mode": workload, "n": n, "warmup": self.o.warmup, "chats": self.o.chats,
                     "ms": self.o.io_ms if workload == "io" else 0, "probe_dir": str(probe_dir),
+                    "sms_channels": self.o.sms_channels,
                     "worker_pids": [p.pid for p in procs], "redis_pid": self.redis_pid}
             producer = subprocess.Popen(
                 [sys.executable, str(ROOT / "manage.py"), "benchmark", "--role", "produce", "--spec",
@@ -547,6 +583,14 @@ def setup_config() -> None:
     from tasks.config_io import apply_config
 
     apply_config(BENCH_CONFIG)
+    url = os.environ.get("BENCH_SMS_URL")
+    if url:
+        sms = {"retry_policy": "bench", "priority": 5, "timeout": 600, "attempt_timeout": 60, "options": {"url": url}}
+        apply_config({"task_types": [
+            {"name": SMS_TYPES["platform"], "handler": "sms.submit_one", "lane": PLAIN_LANE, **sms},
+            {"name": SMS_TYPES["batch"], "handler": "sms.submit", "lane": BATCH_LANE, "batch_size": 64,
+             "batch_window_ms": 5, **sms},
+        ]})
 
 
 def produce(spec: dict) -> dict[str, Any]:
@@ -559,7 +603,7 @@ def produce(spec: dict) -> dict[str, Any]:
     system, mode, n, warmup = spec["system"], spec["mode"], int(spec["n"]), int(spec["warmup"])
     chats, ms = int(spec["chats"]), spec["ms"]
     r = get_redis()
-    send = _sender(system, chats, ms)
+    send = _sms_sender(system, int(spec["sms_channels"])) if mode == "sms" else _sender(system, chats, ms)
     empty = _drained_check(system, r, keys)
 
     rejected = 0
@@ -568,8 +612,11 @@ def produce(spec: dict) -> dict[str, Any]:
             send(i)
         by0, cpu0, rt0 = _commandstats(r), time.process_time(), probe.snapshot().get("redis_round_trips", 0)
         t0 = time.perf_counter()
-        for i in range(n):
-            rejected += send(i)
+        if system == "batch-bulk":
+            rejected += _send_bulk(n, ms)
+        else:
+            for i in range(n):
+                rejected += send(i)
         elapsed = time.perf_counter() - t0
         cpu = time.process_time() - cpu0
         rt = probe.snapshot().get("redis_round_trips", 0) - rt0
@@ -591,11 +638,16 @@ def produce(spec: dict) -> dict[str, Any]:
     rt0 = probe.snapshot().get("redis_round_trips", 0)
     pcpu0 = time.process_time()
     t0 = time.perf_counter()
-    for i in range(n):
-        rejected += send(i)
+    if system == "batch-bulk":
+        rejected += _send_bulk(n, ms)
+    else:
+        for i in range(n):
+            rejected += send(i)
     pcpu = time.process_time() - pcpu0
     rt_pub = probe.snapshot().get("redis_round_trips", 0) - rt0
     polls = _wait_drained(empty, timeout=600)
+    if mode == "sms":
+        polls += _wait_accounted(send, n + warmup, timeout=300)
     elapsed = time.perf_counter() - t0
     by = _delta(_commandstats(r), by0, {"info": 1, **{k: polls * v for k, v in empty.commands.items()}})
     cpu_after = _cpu(pids, spec.get("redis_pid"))
@@ -635,10 +687,63 @@ def _sender(system: str, chats: int, ms: float) -> Callable[[int], int]:
         if system == "platform":
             def send(i: int) -> int:
                 return 0 if dispatch.delay(PLAIN_TYPE, {"n": i, "ms": ms}).accepted else 1
+        elif system in ("batch", "batch-bulk"):
+            def send(i: int) -> int:
+                return 0 if dispatch.delay(BATCH_TYPE, {"n": i, "ms": ms}).accepted else 1
         else:
             def send(i: int) -> int:
                 return 0 if dispatch.delay(CHAT_TYPE, {"n": i, "ms": ms}, chat_id=f"bc-{i % chats}").accepted else 1
     return send
+
+
+#: Items per ``dispatch_many`` call of the ``batch-bulk`` system.
+BULK_CHUNK = 500
+
+
+def _send_bulk(n: int, ms: float) -> int:
+    """Send ``n`` tasks of the batched type with ``dispatch_many``; returns how many were rejected."""
+    from tasks.bulk import dispatch_many
+
+    rejected = 0
+    for start in range(0, n, BULK_CHUNK):
+        results = dispatch_many(BATCH_TYPE, [{"n": i, "ms": ms} for i in range(start, min(n, start + BULK_CHUNK))])
+        rejected += sum(1 for r in results if not r.accepted)
+    return rejected
+
+
+def _sms_sender(system: str, channels: int) -> Callable[[int], int]:
+    """Dispatch SMS ``i`` (its own idempotency key) to the demo type of ``system``."""
+    import uuid
+
+    from tasks.dispatch import dispatch
+
+    run = uuid.uuid4().hex[:8]
+    type_name = SMS_TYPES[system]
+
+    def send(i: int) -> int:
+        payload = {"to": f"+86138{i:08d}", "channel": f"ch{i % channels}", "text": "verification code 1234"}
+        return 0 if dispatch.delay(type_name, payload, idempotency_key=f"{run}-{i}").accepted else 1
+
+    send.run = run  # type: ignore[attr-defined]  # the key prefix, for the accounting
+    return send
+
+
+def _wait_accounted(send: Callable[[int], int], expected: int, timeout: float) -> int:
+    """Wait until every message sent has its row (seed 004: every message accounted for); returns the polls."""
+    from tools.models import SmsMessage
+
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while True:
+        polls += 1
+        rows = SmsMessage.objects.filter(key__startswith=f"{send.run}-").count()  # type: ignore[attr-defined]
+        if rows >= expected:
+            if rows != expected:
+                raise RuntimeError(f"{rows} rows for {expected} messages")
+            return 0  # SQL polls, not Redis commands
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {rows} of {expected} messages accounted for within {timeout}s")
+        time.sleep(0.01)
 
 
 class _Empty:
@@ -657,7 +762,7 @@ def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
     if system == "celery":
         queues, extra = keys.lane_queues("bench-celery"), []
     else:
-        lane = PLAIN_LANE if system == "platform" else CHAT_LANE
+        lane = {"platform": PLAIN_LANE, "batch": BATCH_LANE, "batch-bulk": BATCH_LANE}.get(system, CHAT_LANE)
         queues, extra = keys.lane_queues(lane), [keys.lane_chat_waiting(lane), keys.lane_delayed(lane)]
 
     def empty() -> bool:

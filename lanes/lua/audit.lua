@@ -33,7 +33,9 @@ for i = 1, #entries, 2 do
   else
     local record = base .. 't:' .. head
     local st = redis.call('HGET', record, 'st')
-    if not st then
+    if not st or st == 'cancelled' then
+      -- Vanished, or cancelled while still the head (cancel.lua hands over in the same call,
+      -- so only a script aborted midway leaves this; never republish it): the chat moves on.
       hand_over(queue, chat_id, base .. 't:', KEYS[1], KEYS[2], lease_until, ARGV[5])
       handed = handed + 1
     elseif st ~= 'limited' and not redis.call('ZSCORE', KEYS[2], record) then

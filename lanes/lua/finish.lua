@@ -4,7 +4,7 @@
 -- KEYS[4] active chats index   KEYS[5] metrics totals   KEYS[6] metrics minute
 -- KEYS[7] the task's tombstone (outcome and result, for a late redelivery)
 -- KEYS[8] deadlines of waiting tasks (a finished task leaves it)
--- ARGV: 1 task id, 2 outcome ('done'|'dead'), 3 result JSON, 4 now ms,
+-- ARGV: 1 task id, 2 outcome ('done'|'dead'|'cancelled': a running task told by cancel.lua that stopped), 3 result JSON, 4 now ms,
 --   5 seconds to keep the tombstone,
 --   6 queued lease ms, 7 chat id or '', 8 chat record prefix,
 --   9 metric field suffix ('lane|type'), 10 outcome detail (dead reason or ''),
@@ -30,7 +30,7 @@
 local f = redis.call('HMGET', KEYS[1], 'st', 'lane', 'own', 'lim')
 local st = f[1]
 if not st then return {'gone'} end
-if st == 'done' or st == 'dead' then return {'already', st} end
+if st == 'done' or st == 'dead' or st == 'cancelled' then return {'already', st} end
 if ARGV[14] ~= '' and st == 'running' and f[3] ~= ARGV[14] then return {'taken', f[3]} end
 local lane = f[2]
 -- The record keeps the outcome, under a short lease, until the worker has
@@ -54,7 +54,7 @@ if not (st == 'running' and ARGV[14] ~= '' and f[3] == ARGV[14]) then
   if KEYS[8] then waiting_remove(KEYS[8], KEYS[1], ARGV[17], lane) end
 end
 
--- Its counts (succeeded or dead, completed per lane, execution latency, the
+-- Its counts (succeeded, dead or cancelled, completed per lane, execution latency, the
 -- lane's handler seconds) are the caller's, kept in process (lanes.counters):
 -- only an 'ok' reply counts them.
 

@@ -18,7 +18,7 @@ def finish(
     """Run finish.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
 
     A finish that took ('ok') is counted here, in process (``lanes.counters``):
-    succeeded or dead (with ``reason``), completed per lane, the execution
+    succeeded, cancelled or dead (with ``reason``), completed per lane, the execution
     latency and the lane's handler seconds when ``execution_latency_bucket`` is set.
     """
     reply = call(
@@ -38,7 +38,12 @@ def finish(
 def count_finished(metric_field: str, outcome: str, reason: str, bucket: str, seconds: float, now: float) -> None:
     """The counts of a task that reached a terminal state (finish.lua's, before issue 16)."""
     lane = metric_field.split("|", 1)[0]
-    counters.add(f"succeeded|{metric_field}" if outcome == "done" else f"dead|{metric_field}|{reason}", now)
+    if outcome == "done":
+        counters.add(f"succeeded|{metric_field}", now)
+    elif outcome == "cancelled":
+        counters.add(f"cancelled|{metric_field}", now)
+    else:
+        counters.add(f"dead|{metric_field}|{reason}", now)
     counters.add(f"completed|{lane}", now)
     counters.observe("xlat", metric_field, bucket, seconds, now)
     if bucket:

@@ -49,7 +49,7 @@ for _, proc in ipairs(dead) do
       commands = commands + 1
       local f = redis.call('HMGET', record, 'st', 'own', 'lane', 'dl')
       local st = f[1]
-      local finished = st == 'done' or st == 'dead'
+      local finished = st == 'done' or st == 'dead' or st == 'cancelled'
       if (st == 'running' and string.sub(f[2] or '', 1, #mine) == mine) or finished then
         -- A finished record keeps its state: its copy only stores the result row (start.lua).
         if publish_record(record, KEYS[3], lease_until, finished and st or nil) then

@@ -7,7 +7,8 @@
 --   5 metric field suffix ('lane|type'), 6 owner that claimed this attempt,
 --   7 now ms, 8 the provider's Retry-After in ms (0: none), 9 limits key prefix,
 --   10 lane key prefix
--- Returns {'ok'} | {'already', state}
+-- Returns {'ok'} | {'already', state} | {'cancelled', detail} (cancel.lua told it: never
+--   retried; the worker ends it as cancelled with finish.lua)
 --
 -- Safe to send again when Redis did not answer: a second run finds the task
 -- parked ('already'). Nor does it park an attempt another worker took over.
@@ -20,16 +21,17 @@
 -- The message leaves worker memory: it waits in Redis, so a delay longer than
 -- the broker's visibility timeout cannot make it run twice.
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'lim', 'lane')
+local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'lim', 'cx', 'lane')
 if f[1] ~= 'running' or tonumber(f[2]) ~= tonumber(ARGV[1]) - 1 or f[3] ~= ARGV[6] then
   return {'already', f[1] or ''}
 end
+if f[5] then return {'cancelled', f[5]} end
 local due = tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'att', ARGV[1], 'st', 'retry', 'dlv', '0', 'own', '')
 redis.call('ZADD', KEYS[3], due, KEYS[1])
 redis.call('ZADD', KEYS[2], due + tonumber(ARGV[4]), KEYS[1])
 local deadline = redis.call('HGET', KEYS[1], 'dl')
-if KEYS[6] and deadline then waiting_add(KEYS[6], KEYS[1], tonumber(deadline), ARGV[10], f[5]) end
+if KEYS[6] and deadline then waiting_add(KEYS[6], KEYS[1], tonumber(deadline), ARGV[10], f[6]) end
 if f[4] then
   local now = tonumber(ARGV[7])
   lim_setup(ARGV[9], ARGV[10], KEYS[4], KEYS[5], now, KEYS[2], now + tonumber(ARGV[4]))

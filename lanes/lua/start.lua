@@ -13,7 +13,7 @@
 --   12 liveness ms (a process claiming before its first beat registers with it; 0 once it
 --   has beaten), 13 lane key prefix (the lane's waiting count drops with the claim, _lib.lua)
 -- Returns {'run', deliveries, config_version} | {'finished', 'done|<result>' or
---   'dead|null'} | {'gone'} (never accepted, or finished long ago) | {'stale'}
+--   'dead|null' or 'cancelled|<detail JSON>' (cancel.lua: a cancelled copy is dropped, never run)} | {'gone'} (never accepted, or finished long ago) | {'stale'}
 --   | {'busy', owner} | {'nothead'} | {'poison', deliveries}
 
 local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'chat', 'res', 'lane', 'dlv')
@@ -23,8 +23,8 @@ if not st then
   if tomb then return {'finished', tomb} end
   return {'gone'}
 end
-if st == 'done' or st == 'dead' then
-  -- Finished, not yet settled: its worker may have died before the result row.
+if st == 'done' or st == 'dead' or st == 'cancelled' then
+  -- Finished (or cancelled), not yet settled: its worker (or canceller) may have died before the result row.
   return {'finished', st .. '|' .. (f[5] or 'null')}
 end
 -- A task waiting on a limit, or for its due time, has no message out: a copy is an old one.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+
 from lanes import counters, keys
 from lanes.lua.loader import call
 
@@ -17,8 +19,15 @@ def start(
 ) -> list[Any]:
     """Run start.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
 
-    A claim ('run') is counted here, in process (``lanes.counters``): started,
-    and the queue latency when ``queue_latency_bucket`` is set.
+    With ``DISPATCH_REPLICA_ACKS`` = N > 0, a 'run' reply is returned only once
+    N replicas hold the claim, and so (one ordered replication stream) the
+    task's admission too; else ``lanes.lua.loader.ReplicaAcksMissing``. A
+    handler never runs a task that a failover could forget: the caller, told
+    ``unavailable`` for it, would send it again and it would run twice.
+
+    A claim that will run ('run', confirmed) is counted here, in process
+    (``lanes.counters``): started, and the queue latency when
+    ``queue_latency_bucket`` is set.
     """
     reply = call(
         NAME,
@@ -27,8 +36,14 @@ def start(
          keys.PROCS, keys.process_held(process)],
         [task_id, attempt, owner, int(now * 1000), lease_ms, max_deliveries, dead_owner, metric_field,
          queue_latency_bucket, f"{queue_latency_s:.6f}", process, liveness_ms, keys.LANE_PREFIX],
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=_claimed,
     )
-    if reply and reply[0] == b"run":
+    if _claimed(reply):
         counters.add(f"started|{metric_field}", now)
         counters.observe("qlat", metric_field, queue_latency_bucket, queue_latency_s, now)
     return reply
+
+
+def _claimed(reply: list[Any]) -> bool:
+    return bool(reply) and reply[0] == b"run"

@@ -29,7 +29,7 @@ for _, record in ipairs(expired) do
   local f = redis.call('HMGET', record, 'st', 'lane', 'q', 'eta')
   commands = commands + 1
   local st = f[1]
-  local finished = st == 'done' or st == 'dead'
+  local finished = st == 'done' or st == 'dead' or st == 'cancelled'
   local waiting = false
   if st == 'queued' then
     waiting = redis.call('LLEN', f[3]) > 0

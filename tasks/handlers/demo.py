@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from tasks.errors import NonRetryableError, RetryableError
-from tasks.registry import Context, handler
+from tasks.registry import BatchItem, Context, handler
 
 
 @handler("demo.echo")
@@ -42,3 +43,27 @@ def _sleep(payload: dict) -> None:
     sleep = payload.get("sleep")
     if isinstance(sleep, (int, float)) and not isinstance(sleep, bool) and sleep > 0:
         time.sleep(min(float(sleep), 3600.0))
+
+
+@handler("demo.echo_batch", batch=True)
+def echo_batch(items: list[BatchItem]) -> list[Any]:
+    """Batched demo.echo (the batched no-op of the benchmark): each item's outcome is its payload.
+
+    Per item, ``payload["fail"]``: ``"retry"`` (while ``ctx.attempt <= fail_times``,
+    default 1) or ``"fatal"`` makes that item's outcome the error. Any item with
+    ``payload["short_by"] = n`` makes the call return ``n`` outcomes too few (a
+    mistake the platform must name); ``"raise"`` makes the whole call raise.
+    """
+    outcomes: list[Any] = []
+    for payload, ctx in items:
+        mode = payload.get("fail")
+        if mode == "raise":
+            raise RetryableError("asked to fail the whole batch")
+        if mode == "retry" and ctx.attempt <= int(payload.get("fail_times", 1)):
+            outcomes.append(RetryableError(f"asked to fail attempt {ctx.attempt}"))
+        elif mode == "fatal":
+            outcomes.append(NonRetryableError("asked to fail for good"))
+        else:
+            outcomes.append(payload)
+    short = sum(int(p.get("short_by", 0)) for p, _ in items)
+    return outcomes[: max(0, len(outcomes) - short)]

@@ -7,6 +7,8 @@ import json
 import os
 import threading
 import time
+import uuid
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -14,8 +16,8 @@ import urllib3
 from django.conf import settings
 
 from lanes.forksafe import ForkSafeLock
-from tasks.errors import NonRetryableError, RetryableError
-from tasks.registry import Context, handler
+from tasks.errors import NonRetryableError, RetryableError, TaskCancelled
+from tasks.registry import BatchItem, Context, handler
 from tasks.webhook_url import WebhookTarget, WebhookURLError, parse_webhook_url, pin_addresses, redact_url
 
 RETRYABLE_STATUSES = {408, 425, 429}
@@ -99,6 +101,8 @@ def post(payload: dict, ctx: Context) -> dict:
         "X-Dispatch-Attempt": str(ctx.attempt),
     }
     timeout = max(0.05, ctx.remaining)
+    if ctx.cancelled:  # the last moment the send can still be avoided (one HEXISTS)
+        raise TaskCancelled(f"cancelled before POST {shown}")
     # Connect to the address just checked (no second resolution: no DNS rebinding);
     # TLS still verifies the certificate against the URL's host name.
     tls = {"server_hostname": target.host, "assert_hostname": target.host} if target.scheme == "https" else None
@@ -155,3 +159,21 @@ def redact_text(text: str, target: WebhookTarget) -> str:
     """An exception's text may quote the request: keep the query string out of it."""
     query = target.request_uri.partition("?")[2]
     return text.replace(query, "***") if query else text
+
+
+@handler("http.post_batch", batch=True, validate_options=validate_options, option_keys=("url", "headers"))
+def post_batch(items: list[BatchItem]) -> list[Any]:
+    """Batched http.post: POST each item as http.post does; one outcome per item (its answer or its error).
+
+    Each request carries ``X-Dispatch-Batch`` (``<batch id>/<items>``), so a receiver
+    can tell which items one handler call sent.
+    """
+    batch = f"{uuid.uuid4().hex[:12]}/{len(items)}"
+    outcomes: list[Any] = []
+    for payload, ctx in items:
+        options = {**ctx.options, "headers": {**ctx.options.get("headers", {}), "X-Dispatch-Batch": batch}}
+        try:
+            outcomes.append(post(payload, replace(ctx, options=options)))
+        except Exception as exc:  # noqa: BLE001 - this item's outcome; the others go on
+            outcomes.append(exc)
+    return outcomes

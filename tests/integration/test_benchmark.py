@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.benchmark import DRAMATIQ_SYSTEMS, PLAIN_PATH_COMMANDS_BUDGET, SYSTEMS, WORKLOADS, dramatiq_available
+from tools.benchmark import DEFAULT_WORKLOADS, DRAMATIQ_SYSTEMS, PLAIN_PATH_COMMANDS_BUDGET, SYSTEMS, dramatiq_available
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,14 +23,18 @@ def test_quick_benchmark_prints_every_row():
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     rows = {(r["workload"], r["system"]): r for r in report["rows"]}
-    assert set(rows) == {(w, s) for w in WORKLOADS for s in SYSTEMS}
+    assert set(rows) == {(w, s) for w in DEFAULT_WORKLOADS for s in SYSTEMS}
     for (workload, system), row in rows.items():
         if system in DRAMATIQ_SYSTEMS and not dramatiq_available():
             assert row["status"].startswith("skipped"), row
             continue
         assert row["status"] == "ok", row
         assert row["median"] > 0 and row["rates"]
-        assert row["redis_round_trips_per_task"] >= 1
+        if (workload, system) == ("dispatch", "batch-bulk"):
+            # dispatch_many: one admission call per chunk of 500 items.
+            assert 0 < row["redis_round_trips_per_task"] < 1, row
+        else:
+            assert row["redis_round_trips_per_task"] >= 1
         if workload != "dispatch" and system in ("platform", "chat"):
             # The platform writes its result row: measured, not assumed.
             assert row["sql_writes_per_task"] >= 1

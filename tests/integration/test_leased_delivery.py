@@ -166,3 +166,42 @@ def test_a_record_is_settled_only_when_the_row_stored_is_its_outcome(monkeypatch
         finally:
             task.pop_request()
     assert settled == ["rec:t-settle"]
+
+
+def test_a_claim_no_replica_confirmed_is_not_run_and_its_lease_brings_it_back(start_worker, sink, rc):
+    """With ``DISPATCH_REPLICA_ACKS`` = 1, a handler runs only once a replica holds its claim
+    (and so its admission): a task a failover could forget is never run, so the caller's resend
+    after ``unavailable`` cannot make its effect twice (fault scenario 11b found it made twice).
+    The session's Redis has no replica: every WAIT confirms 0."""
+    from celery.exceptions import Ignore
+    from django.test import override_settings
+
+    from dispatchsite.celery import app
+    from tasks.execution import execute
+
+    name, lane = unique("unconf"), unique("l-unconf")
+    define(name, handler="http.post", lane=lane, options={"url": sink.url}, chat_scoped=True)
+    chat = unique("chat")
+    result = dispatch.delay(name, {"order": 1}, chat_id=chat)
+    assert result.accepted, result
+    record = keys.task_record(result.task_id, chat)
+    raw = json.loads(next(rc.rpop(q) for q in keys.lane_queues(lane) if rc.llen(q)))
+    _args, kwargs, _embed = json.loads(raw["body"])
+    task = app.tasks["http.post"]
+    task.push_request(id=result.task_id, delivery_info={})
+    try:
+        with override_settings(DISPATCH_REPLICA_ACKS=1, DISPATCH_REPLICA_ACKS_TIMEOUT_MS=50), \
+                pytest.raises(Ignore):
+            execute(task, (), kwargs)
+    finally:
+        task.pop_request()
+    assert sink.sink.attempts == [], "a claim no replica confirmed was run"
+    assert rc.hget(record, "st") == b"running" and rc.zscore(keys.LEASES, record) is not None
+
+    # Its lease runs out: the sweep sends a copy, which runs once (no replicas asked for here).
+    rc.zadd(keys.LEASES, {record: int((time.time() - 1) * 1000)})
+    republished, _ = maintenance.sweep()
+    assert republished >= 1
+    start_worker(lane, concurrency=1)
+    assert result.get(timeout=30) == {"status": 200}
+    assert sink.sink.applied == {result.task_id: 1}

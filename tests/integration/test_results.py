@@ -63,3 +63,15 @@ def test_many_rows_in_one_statement_and_a_repeated_id_keeps_its_last_row():
     assert stored[ids[0]].status == states.FAILURE and stored[ids[0]].result == "99"
     assert [stored[t].result for t in ids[1:]] == ["1", "2", "3", "4"]
     assert results.upsert_rows(None, []) == 0
+
+
+def test_a_late_retry_state_never_overwrites_a_revoked_row():
+    """A cancel of a task parked for its retry writes REVOKED; the worker's RETRY row, stored by Celery
+    just after it parked the task, must not replace it (get() would then wait forever)."""
+    task_id = unique("res")
+    results.store_revoked(task_id, "cancelled by test")
+    _backend().store_result(task_id, {"exc_type": "RetryableError"}, states.RETRY, request=_request(task_id))
+    assert TaskResult.objects.get(task_id=task_id).status == states.REVOKED
+    # A final state still replaces it (a redelivery re-storing its outcome lands on the same row).
+    _backend().store_result(task_id, {"n": 1}, states.SUCCESS, request=_request(task_id))
+    assert TaskResult.objects.get(task_id=task_id).status == states.SUCCESS

@@ -8,6 +8,8 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from ops import control, metrics
+from tasks import registry
+from tasks.models import TaskType
 from tasks.output import dumps, table
 from tasks.shell_actor import shell_actor
 
@@ -46,6 +48,7 @@ class Command(BaseCommand):
 
     def _render(self, opts) -> str:
         snap = metrics.snapshot(lane_names=opts["only"])
+        snap["batched_types"] = _batched_types(opts["only"])
         if opts["json"]:
             for lane in snap["lanes"]:
                 lane.pop("series", None)
@@ -55,6 +58,9 @@ class Command(BaseCommand):
         if limit_rows:
             lines.append("\nlimits (admitted/s vs rate per key; in flight vs cap; busiest keys as running+waiting):")
             lines.append(table(limit_rows))
+        if snap["batched_types"]:
+            lines.append("\nbatched types (most tasks per handler call, window to fill a batch): " + ", ".join(
+                f"{t['name']}@{t['lane']} {t['batch_size']}/{t['batch_window_ms']}ms" for t in snap["batched_types"]))
         chats = snap["chats"]
         lines.append(f"\nchats with a backlog: {chats['active']}, longest backlog: {chats['longest']}; "
                      f"dead letters pending: {snap['dead_letters_total']}")
@@ -92,3 +98,13 @@ class Command(BaseCommand):
             self.stdout.flush()
 
         return show
+
+
+def _batched_types(only: list[str] | None) -> list[dict]:
+    """Task types whose handler is batched (issue 16), with their batch settings."""
+    batched = [name for name in registry.handler_names() if registry.get(name).batch]
+    rows = TaskType.objects.filter(handler__in=batched).select_related("lane").order_by("name")
+    if only:
+        rows = rows.filter(lane__name__in=only)
+    return [{"name": t.name, "lane": t.lane.name, "handler": t.handler, "batch_size": t.batch_size,
+             "batch_window_ms": t.batch_window_ms} for t in rows[:50]]

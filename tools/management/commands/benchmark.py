@@ -33,7 +33,8 @@ class Command(BaseCommand):
         parser.add_argument("--io-pool", default="threads", help="Celery pool for the I/O workload")
         parser.add_argument("--io-concurrency", type=int, default=16, help="per instance, I/O workload")
         parser.add_argument("--systems", default=",".join(benchmark.SYSTEMS))
-        parser.add_argument("--workloads", default=",".join(benchmark.WORKLOADS))
+        parser.add_argument("--workloads", default=",".join(benchmark.DEFAULT_WORKLOADS),
+                            help=f"of {','.join(benchmark.WORKLOADS)} (sms only when named)")
         parser.add_argument("--redis-url", help="a scratch Redis to use instead of starting one (it is FLUSHDB'd)")
         parser.add_argument("--profile", metavar="DIR", help="py-spy record producer and workers in round 1")
         parser.add_argument("--json", action="store_true")
@@ -56,7 +57,7 @@ class Command(BaseCommand):
                 raise CommandError(f"unknown {name}(s) {unknown}; choose from {', '.join(known)}")
         base = benchmark.BenchOptions.quick() if opts["quick"] else benchmark.BenchOptions()
         fields = {
-            "rounds": opts["rounds"], "n_noop": opts["tasks"], "n_io": opts["tasks"],
+            "rounds": opts["rounds"], "n_noop": opts["tasks"], "n_io": opts["tasks"], "n_sms": opts["tasks"],
             "n_dispatch": opts["dispatch_tasks"], "warmup": opts["warmup"],
         }
         for key, value in fields.items():

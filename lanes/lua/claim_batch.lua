@@ -1,0 +1,78 @@
+-- claim_batch.lua: take up to N more ready tasks of one batched type from its
+-- lane's broker lists and claim each, in one call (docs/batching.md).
+--
+-- KEYS[1] leases   KEYS[2] deadlines of waiting tasks   KEYS[3] live processes (zset)
+-- KEYS[4] the claiming process's held set   KEYS[5..] the lane's lists, in
+--   the order kombu pops them (kombu priority 0 first)
+-- ARGV: 1 handler (the message's 'task' header), 2 task type (its 'shadow'
+--   header), 3 owner (host:pid:thread), 4 now ms, 5 lease ms, 6 max deliveries,
+--   7 most tasks to claim, 8 most messages to look at, 9 the claiming process
+--   (host:pid), 10 liveness ms (a process claiming before its first beat
+--   registers with it; 0 once it has beaten), 11 chat key prefix
+--   ('dispatch:chat:'), 12 lane key prefix (each claimed task leaves its lane's
+--   waiting count with the deadlines set, _lib.lua)
+-- Returns {messages claimed (each as the broker held it), ...}. Their counts
+-- (started) are the wrapper's, kept in process since issue 16 (lanes.counters).
+--
+-- A message is taken only when the single path's claim (start.lua) would run it
+-- at once: its record is 'queued' at the message's attempt, it is its chat's
+-- head, and it has deliveries left. Anything else (a stale copy, a finished
+-- task to re-store, a poison, a busy claim) stays in its list for the single
+-- path, which knows what to do with it. Each taken message leaves the list and
+-- enters the process's held set in this same call, so there is no moment at
+-- which a claimed task is in neither (docs/liveness.md): a worker killed after
+-- this call has each item reclaimed by reclaim.lua like any running claim.
+--
+-- Limits: a message is in a lane list only once its limits admitted it (a
+-- limited task waits in Redis with no message out, and holds its slot from its
+-- publish to its finish), so taking more messages never takes more than the
+-- limits admit. Chat order: only a chat's head is ever published, so two
+-- items of one chat are never in one batch, nor in two batches at once.
+
+local want = tonumber(ARGV[7])
+local budget = tonumber(ARGV[8])
+local now = tonumber(ARGV[4])
+local lease_until = now + tonumber(ARGV[5])
+local max_dlv = tonumber(ARGV[6])
+local taken = {}
+local looked = 0
+
+for i = 5, #KEYS do
+  if #taken >= want or looked >= budget then break end
+  local list = KEYS[i]
+  -- kombu pops from the right (oldest first): look at the oldest messages first.
+  local window = budget - looked
+  local msgs = redis.call('LRANGE', list, -window, -1)
+  for j = #msgs, 1, -1 do
+    if #taken >= want then break end
+    looked = looked + 1
+    local raw = msgs[j]
+    local ok, m = pcall(cjson.decode, raw)
+    local h = ok and type(m) == 'table' and m['headers'] or nil
+    if type(h) == 'table' and h['task'] == ARGV[1] and h['shadow'] == ARGV[2] and h['dispatch_leased'] == true
+        and type(h['dispatch_record']) == 'string' and type(h['id']) == 'string' then
+      local record = h['dispatch_record']
+      local f = redis.call('HMGET', record, 'st', 'att', 'chat', 'dlv', 'lane')
+      local attempt = (tonumber(h['retries']) or -1) + 1
+      local dlv = tonumber(f[4] or '0')
+      local ready = f[1] == 'queued' and tonumber(f[2]) == attempt and dlv < max_dlv
+      if ready and f[3] and f[3] ~= '' then
+        ready = redis.call('LINDEX', ARGV[11] .. '{' .. f[3] .. '}:q', 0) == h['id']
+      end
+      if ready and redis.call('LREM', list, -1, raw) == 1 then
+        -- The delivery count travels in the claim's HSET (as start.lua's).
+        redis.call('HSET', record, 'st', 'running', 'own', ARGV[3], 'dlv', dlv + 1)
+        waiting_remove(KEYS[2], record, ARGV[12], f[5])
+        redis.call('ZADD', KEYS[1], lease_until, record)
+        redis.call('SADD', KEYS[4], record)
+        taken[#taken + 1] = raw
+      end
+    end
+  end
+end
+
+-- A process that has not beaten yet registers with its claims (0: it has, its beat keeps it).
+if #taken > 0 and tonumber(ARGV[10]) > 0 then
+  redis.call('ZADD', KEYS[3], 'NX', now + tonumber(ARGV[10]), ARGV[9])
+end
+return taken

@@ -1,0 +1,41 @@
+"""``claim_batch.lua``'s wrapper: take and claim more ready tasks of one batched type."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from lanes import counters, keys
+from lanes.lua.loader import call
+
+NAME = "claim_batch"
+#: Most messages one call looks at per task it may claim (a lane shared with other
+#: types has their messages in between), plus a fixed margin.
+LOOK_PER_TASK = 2
+LOOK_MARGIN = 32
+
+
+def claim_batch(
+    *, lane: str, handler: str, task_type: str, owner: str, now: float, lease_ms: int, max_deliveries: int,
+    most: int, metric_field: str, process: str, liveness_ms: int,
+) -> list[bytes]:
+    """Run claim_batch.lua (KEYS/ARGV in its header); returns the claimed messages as the broker held them.
+
+    With ``DISPATCH_REPLICA_ACKS`` > 0, claims that replicas did not confirm
+    raise ``ReplicaAcksMissing`` (as ``lanes.lua.start.start``): the caller
+    drops them and their leases bring them back. Confirmed claims are counted
+    here, in process (``lanes.counters``: started). ``liveness_ms``: 0 once
+    this process has beaten (``lanes.leases.registered``).
+    """
+    if most <= 0:
+        return []
+    taken: list[bytes] = call(
+        NAME,
+        [keys.LEASES, keys.DEADLINES, keys.PROCS, keys.process_held(process), *keys.lane_queues(lane)],
+        [handler, task_type, owner, int(now * 1000), lease_ms, max_deliveries, most,
+         most * LOOK_PER_TASK + LOOK_MARGIN, process, liveness_ms, keys.CHAT_PREFIX, keys.LANE_PREFIX],
+        replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
+        wait_if=bool,
+    )
+    if taken:
+        counters.add(f"started|{metric_field}", now, len(taken))
+    return taken

@@ -1,0 +1,72 @@
+"""``finish_batch.lua``'s wrapper: the succeeded items of a batch reach 'done' in one call."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from lanes import counters, keys
+from lanes.lua.loader import call
+
+NAME = "finish_batch"
+
+
+class DoneItem(NamedTuple):
+    task_id: str
+    record: str
+    chat: str
+    result_json: str
+    owner: str
+
+
+class Latencies(NamedTuple):
+    """Observations of one latency over a batch: count per bucket label, and their sum in seconds."""
+
+    buckets: dict[str, int]
+    sum_s: float
+
+
+def finish_batch(
+    *, items: Sequence[DoneItem], now: float, tombstone_ttl_s: int, queued_lease_ms: int, settle_lease_ms: int,
+    metric_field: str, execution: Latencies, busy_s: float, queue: Latencies,
+) -> list[str]:
+    """Run finish_batch.lua (KEYS/ARGV in its header); returns one reply per item, in order.
+
+    The batch's counts are kept here, in process (``lanes.counters``, issue 16):
+    ``queue`` (the queue latencies of the items gathered by claim_batch.lua)
+    always; succeeded and completed per 'ok' item, and ``execution`` and the
+    lane's handler seconds ``busy_s`` once any item took. No items: no call.
+    """
+    replies: list[str] = []
+    if items:
+        args: list[object] = [
+            int(now * 1000), tombstone_ttl_s, queued_lease_ms, settle_lease_ms, keys.lane_chat_waiting(""),
+            keys.LIMIT_PREFIX, keys.LANE_PREFIX, keys.CHAT_PREFIX, keys.tombstone(""),
+        ]
+        for item in items:
+            args.extend(item)
+        reply = call(NAME, [keys.LEASES, keys.chat_index(), keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)),
+                            keys.DEADLINES], args)
+        replies = [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
+    count_batch(metric_field, replies.count("ok"), execution, busy_s, queue, now)
+    return replies
+
+
+def count_batch(metric_field: str, succeeded: int, execution: Latencies, busy_s: float, queue: Latencies,
+                now: float) -> None:
+    """A batch's counts (finish_batch.lua's before issue 16; the fields finish and start count one by one)."""
+    lane = metric_field.split("|", 1)[0]
+    if succeeded:
+        counters.add(f"succeeded|{metric_field}", now, succeeded)
+        counters.add(f"completed|{lane}", now, succeeded)
+        _observe_all("xlat", metric_field, execution, now)
+        if busy_s > 0:
+            counters.add(f"busy|{lane}", now, busy_s, counters.MINUTE)
+    _observe_all("qlat", metric_field, queue, now)
+
+
+def _observe_all(name: str, metric_field: str, latencies: Latencies, now: float) -> None:
+    for label, n in latencies.buckets.items():
+        counters.add(f"{name}|{metric_field}|{label}", now, n)
+    if latencies.sum_s > 0:
+        counters.add(f"{name}_sum|{metric_field}", now, latencies.sum_s, counters.TOTAL)
