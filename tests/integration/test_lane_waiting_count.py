@@ -4,14 +4,18 @@ Every accepted task that no worker has claimed is in ``keys.DEADLINES``; the
 scripts keep ``keys.lane_waiting(lane)`` equal to how many of them are the
 lane's (_lib.lua ``waiting_add`` / ``waiting_remove``). These runs go through
 every script that changes the set: admission (plain, chat heads and the
-messages behind them, rejections), the claim, retries, finishes, expiry.
+messages behind them, rejections), the claim, retries, finishes, expiry, a
+cancel (queued, sent for later, behind its chat's head, waiting on a limit)
+and a batched claim (claim_batch.lua).
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 from lanes import keys
+from lanes.lua.claim_batch import claim_batch
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, unique, wait_until
 
@@ -64,3 +68,53 @@ def test_the_count_goes_back_to_zero_through_claims_retries_and_expiry(rc, start
     time.sleep(0.5)
     assert waiting(rc, lane) == in_deadlines(rc, lane) == 0
     assert in_deadlines(rc, idle_lane) == 0
+
+
+def test_a_cancelled_waiting_task_leaves_the_count(rc):
+    from tests.integration.test_limits_scripts import limit, limited_type
+
+    lane = unique("wc-cancel")
+    name, chat_name = unique("wc-echo"), unique("wc-chat")
+    define(name, lane=lane, timeout=600)
+    define(chat_name, lane=lane, chat_scoped=True, chat_queue_size=8, timeout=600)
+    lim = limit(unique("wc-lim"), scope="global", max_in_flight=1)
+    limited = limited_type(unique("wc-limited"), [lim], lane, timeout=600).name
+    queued = dispatch.delay(name, {"n": 0})
+    later = dispatch.delay(name, {"n": 1}, countdown=300)  # in the lane's delayed set
+    chat = unique("c")
+    head, behind, behind_later = (dispatch.delay(chat_name, {"n": n}, chat_id=chat, countdown=300 if n == 2 else None)
+                                  for n in range(3))
+    holder, waits = (dispatch.delay(limited, {"n": n}) for n in range(2))  # the second waits on the limit
+    every = [queued, later, head, behind, behind_later, holder, waits]
+    assert all(r.accepted for r in every)
+    assert rc.hget(keys.task_record(waits.task_id), "st") == b"limited"
+    assert waiting(rc, lane) == in_deadlines(rc, lane) == 7
+    left = 7
+    for r in (queued, later, behind_later, behind, waits, head, holder):
+        assert r.cancel("not wanted").outcome == "cancelled"
+        left -= 1
+        assert waiting(rc, lane) == in_deadlines(rc, lane) == left, r.task_id
+
+
+def test_a_batched_claim_takes_its_tasks_out_of_the_count(rc):
+    lane = unique("wc-batch")
+    name = unique("wc-bt")
+    define(name, handler="demo.echo_batch", lane=lane, batch_size=10, batch_window_ms=0)
+    results = [dispatch.delay(name, {"i": i}) for i in range(6)]
+    assert all(r.accepted for r in results)
+    assert waiting(rc, lane) == in_deadlines(rc, lane) == 6
+    handler = next(json.loads(m)["headers"]["task"] for q in keys.lane_queues(lane) for m in rc.lrange(q, 0, 0))
+    now = time.time()
+    taken = claim_batch(
+        lane=lane, handler=handler, task_type=name, owner="wc-test:1:1", now=now, lease_ms=60_000,
+        max_deliveries=5, most=4, metric_field=f"{lane}|{name}", process="wc-test:1", liveness_ms=0,
+    )
+    assert len(taken) == 4
+    assert waiting(rc, lane) == in_deadlines(rc, lane) == 2
+    rest = claim_batch(
+        lane=lane, handler=handler, task_type=name, owner="wc-test:1:1", now=now, lease_ms=60_000,
+        max_deliveries=5, most=10, metric_field=f"{lane}|{name}", process="wc-test:1", liveness_ms=0,
+    )
+    assert len(rest) == 2
+    assert waiting(rc, lane) == in_deadlines(rc, lane) == 0
+    rc.delete(keys.process_held("wc-test:1"))
