@@ -349,3 +349,55 @@ local function hand_over(chat_queue, chat_id, record_prefix, chats_index, leases
   end
   return next_id
 end
+
+-- Finish one task that reached a terminal state, and hand its chat on: finish.lua
+-- for one task, finish_batch.lua for each succeeded item of a batch (the same
+-- steps, so a batch never changes what finishing means). ``c`` holds the call's
+-- constants: leases, deadlines (or nil), lane_prefix, chats (the active chats
+-- index), tomb_ttl_s, settle_until and handover_until (ms: the settle lease of a
+-- task finished without a claim, the queued lease of the chat's next message),
+-- chat_waiting_prefix; the caller ran lim_setup with the same leases key.
+-- ``owner``: the owner that claimed this attempt ('' when it ends without a
+-- claim: poison, expired before it ran). ``chat_queue`` / ``chat_records``: the
+-- chat's queue and record prefix (used only when ``chat`` is not '').
+-- Returns 'ok', next task id or '' | 'gone' | 'already', state | 'taken', owner.
+local function finish_record(c, record, task_id, outcome, result, owner, tombstone, chat, chat_queue, chat_records)
+  local f = redis.call('HMGET', record, 'st', 'lane', 'own', 'lim')
+  local st = f[1]
+  if not st then return 'gone' end
+  if st == 'done' or st == 'dead' or st == 'cancelled' then return 'already', st end
+  -- Another worker claimed the task since (our lease ran out while Redis was
+  -- away): that attempt will finish it, so this one must not hand the chat over under it.
+  if owner ~= '' and st == 'running' and f[3] ~= owner then return 'taken', f[3] end
+  -- The record keeps the outcome, under a lease, until the worker has stored the
+  -- result row and settles it (forget.lua, batched): a worker killed in between
+  -- has its message republished by the sweep when the lease runs out, and that
+  -- delivery stores the result from here (start.lua answers 'finished'). The
+  -- broker keeps no copy of a running task (lanes.transport), so this lease is
+  -- what brings the result row back. Settled, the record goes away with the
+  -- task, so a finished chat leaves no key behind; a small tombstone outside the
+  -- chat's keys answers any copy still in the broker for a while.
+  redis.call('HSET', record, 'st', outcome, 'res', result, 'own', '')
+  redis.call('SET', tombstone, outcome .. '|' .. result, 'EX', c.tomb_ttl_s)
+  -- A task claimed by this attempt keeps the lease of its claim: set by the claim,
+  -- renewed by its process's beat every third of it while it ran, so at least two
+  -- thirds of DISPATCH_LEASE_S are left (settling takes a fraction of a second; a
+  -- lease that ran out anyway only has the sweep republish the finished record,
+  -- whose copy re-stores the result row), and it left the deadlines set at the
+  -- claim. Only a task finished without a claim (poison, expired before it ran)
+  -- gets the settle lease and leaves the set here (issue 16: docs/redis-budget.md).
+  if not (st == 'running' and owner ~= '' and f[3] == owner) then
+    redis.call('ZADD', c.leases, c.settle_until, record)
+    if c.deadlines then waiting_remove(c.deadlines, record, c.lane_prefix, f[2]) end
+  end
+  if f[4] then lim_release(record, f[4]) end
+  -- The hand-over (pop the head, publish the next) and a dispatch's append
+  -- (admit.lua) are each one script, so they never interleave: a chat queue is
+  -- deleted by Redis only when this pop empties it, and an append after that
+  -- simply creates it again with the new message as head.
+  local next_id = ''
+  if chat ~= '' and redis.call('LINDEX', chat_queue, 0) == task_id then
+    next_id = hand_over(chat_queue, chat, chat_records, c.chats, c.leases, c.handover_until, c.chat_waiting_prefix)
+  end
+  return 'ok', next_id
+end
