@@ -19,7 +19,8 @@
 -- head, and it has deliveries left. Anything else (a stale copy, a finished
 -- task to re-store, a poison, a busy claim) stays in its list for the single
 -- path, which knows what to do with it. Each taken message leaves the list and
--- enters the process's held set in this same call, so there is no moment at
+-- enters the process's held set in this same call (the set, the leases and the
+-- deadlines set are written once for all of them at the end), so there is no moment at
 -- which a claimed task is in neither (docs/liveness.md): a worker killed after
 -- this call has each item reclaimed by reclaim.lua like any running claim.
 --
@@ -35,6 +36,7 @@ local now = tonumber(ARGV[4])
 local lease_until = now + tonumber(ARGV[5])
 local max_dlv = tonumber(ARGV[6])
 local taken = {}
+local claimed, leased, by_lane = {}, {}, {}
 local looked = 0
 
 for i = 5, #KEYS do
@@ -62,17 +64,25 @@ for i = 5, #KEYS do
       if ready and redis.call('LREM', list, -1, raw) == 1 then
         -- The delivery count travels in the claim's HSET (as start.lua's).
         redis.call('HSET', record, 'st', 'running', 'own', ARGV[3], 'dlv', dlv + 1)
-        waiting_remove(KEYS[2], record, ARGV[12], f[5])
-        redis.call('ZADD', KEYS[1], lease_until, record)
-        redis.call('SADD', KEYS[4], record)
         taken[#taken + 1] = raw
+        claimed[#claimed + 1] = record
+        leased[#leased + 1] = lease_until
+        leased[#leased + 1] = record
+        local lane = f[5] or ''
+        by_lane[lane] = by_lane[lane] or {}
+        table.insert(by_lane[lane], record)
       end
     end
   end
 end
 
--- A process that has not beaten yet registers with its claims (0: it has, its beat keeps it).
-if #taken > 0 and tonumber(ARGV[10]) > 0 then
-  redis.call('ZADD', KEYS[3], 'NX', now + tonumber(ARGV[10]), ARGV[9])
+if #taken > 0 then
+  -- Every claimed record at once (issue 16): out of the deadlines set and its lane's
+  -- waiting count, a lease each, and into the process's held set.
+  for lane, records in pairs(by_lane) do waiting_remove_all(KEYS[2], records, ARGV[12], lane) end
+  redis.call('ZADD', KEYS[1], unpack(leased))
+  redis.call('SADD', KEYS[4], unpack(claimed))
+  -- A process that has not beaten yet registers with its claims (0: it has, its beat keeps it).
+  if tonumber(ARGV[10]) > 0 then redis.call('ZADD', KEYS[3], 'NX', now + tonumber(ARGV[10]), ARGV[9]) end
 end
 return taken
