@@ -563,7 +563,7 @@ def table_rows(report: BenchReport) -> list[dict[str, Any]]:
 
 
 #: Systems whose Redis commands per task are broken down by command name under the table.
-BREAKDOWN_SYSTEMS = ("platform", "chat")
+BREAKDOWN_SYSTEMS = ("platform", "chat", "batch", "batch-bulk")
 
 
 def command_breakdown(report: BenchReport) -> list[str]:
