@@ -148,3 +148,14 @@ def test_a_key_limited_type_runs_clean_with_limit_keys_and_refuses_to_run_withou
     (step,) = report["steps"]
     _clean(step)  # every dispatch carried a limit key: none was refused invalid_limit_key
     assert step["rejections"] == {}
+
+
+def test_batched_never_overwrites_a_type_of_another_handler():
+    from django.core.management.base import CommandError
+
+    from tasks.models import TaskType
+
+    name = _sink_type()
+    with pytest.raises(CommandError, match=r"runs 'loadtest.sink'; --batched needs a type of loadtest.sink_batch"):
+        _loadtest("--type", name, "--batched", "--steps", "10", "--step-seconds", "1")
+    assert TaskType.objects.get(name=name).handler == "loadtest.sink"
