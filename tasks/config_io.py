@@ -160,7 +160,7 @@ def export_config() -> dict[str, list[dict]]:
 #: Handlers the default config sets up for tests and load tests only (the tools app's):
 #: a production install (``DISPATCH_PROFILE=production``) gets no task type for them,
 #: nor does one where they are not registered (``DISPATCH_TOOLS=0``).
-NON_PRODUCTION_HANDLERS = frozenset({"loadtest.sink"})
+NON_PRODUCTION_HANDLERS = frozenset({"loadtest.sink", "loadtest.sink_batch"})
 
 
 def default_config_for(data: dict, profile: str, handlers: Collection[str] | None = None) -> dict:

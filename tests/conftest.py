@@ -85,6 +85,8 @@ def start_worker(tmp_root):
 
     yield start
     for worker in started:
+        worker.terminate()
+    for worker in started:
         worker.stop(timeout=20)
         log = worker.log_path
         if log.exists():

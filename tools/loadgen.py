@@ -11,6 +11,12 @@ never two. One record per message (:func:`dispatch_one`): its final answer, the
 number of calls, the slowest call, whether any answer said the outcome was
 unknown, and when it was due, began and ended.
 
+:func:`send_bulk` sends the same schedules with ``dispatch_many`` instead
+(``manage.py loadtest --bulk N``): each sender's chunk holds the messages due
+by the time it is sent (up to N; one when the sender keeps up, more when it is
+behind), each message keeps its due time, and each item's answer is recorded
+as :func:`dispatch_one` records a message's.
+
 Two schedules feed the same senders: the load test's (``manage.py loadtest``,
 in process, ``tools/loadtest.py``: messages of random chats of the
 ``loadtest.sink`` type, planned ahead) and the fault campaign's
@@ -49,6 +55,7 @@ RETRY_PAUSE_S = 0.2
 CAMPAIGN_TIMEOUT_S = 300
 
 Admit = Callable[..., Any]  # tasks.dispatch.admit
+DispatchMany = Callable[..., list]  # tasks.bulk.dispatch_many
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,14 @@ class Message:
     key: str
     payload: dict = field(default_factory=dict)
     kind: str = "ok"  # which part of the mix sent it
+    limit_key: str | None = None  # for types with a key-scoped limit
+
+    def options(self, timeout: float) -> dict[str, Any]:
+        """Its dispatch options (``admit``'s and ``dispatch_many``'s keyword arguments)."""
+        options: dict[str, Any] = {"chat_id": self.chat, "idempotency_key": self.key, "timeout": timeout}
+        if self.limit_key is not None:
+            options["limit_key"] = self.limit_key
+        return options
 
 
 #: One per sender thread: the thread's next message, or None when it is done.
@@ -71,35 +86,93 @@ Schedule = Callable[[], "Message | None"]
 def dispatch_one(admit: Admit, msg: Message, *, due: float, retry_for: float, timeout: float) -> dict:
     """Dispatch ``msg``, retrying ``unavailable`` with the same key for ``retry_for`` s; its history entry."""
     first = time.time()
-    calls, slowest, unknown, last, first_reason, took = 0, 0.0, False, None, None, 0.0
+    tries = _Tries()
     while True:
         started = time.monotonic()
-        result = admit(msg.type, msg.payload, chat_id=msg.chat, idempotency_key=msg.key, timeout=timeout)
-        took = time.monotonic() - started
-        calls += 1
-        slowest = max(slowest, took)
-        last = result
-        if first_reason is None:
-            first_reason = "accepted" if result.accepted else result.reason
+        result = admit(msg.type, msg.payload, **msg.options(timeout))
+        tries.answered(result, time.monotonic() - started)
         if result.reason != "unavailable":
             break
-        unknown = unknown or result.detail.startswith("outcome unknown")
         if retry_for <= 0 or time.time() - first > retry_for:
             break
         time.sleep(RETRY_PAUSE_S)
-    ended = time.time()
+    return _entry(msg, tries, due=due, first=first, ended=time.time())
+
+
+@dataclass
+class _Tries:
+    """What the calls for one message came to."""
+
+    calls: int = 0
+    slowest: float = 0.0
+    unknown: bool = False
+    last: Any = None
+    first_reason: str | None = None
+    took: float = 0.0
+
+    def answered(self, result: Any, took: float) -> None:
+        self.calls += 1
+        self.slowest = max(self.slowest, took)
+        self.took = took
+        self.last = result
+        if self.first_reason is None:
+            self.first_reason = "accepted" if result.accepted else result.reason
+        if result.reason == "unavailable":
+            self.unknown = self.unknown or (result.detail or "").startswith("outcome unknown")
+
+
+def _entry(msg: Message, tries: _Tries, *, due: float, first: float, ended: float, chunk: int = 0) -> dict:
+    """The history entry of ``msg`` (the fault campaign's and the load test's shape)."""
+    last = tries.last
     accepted: bool | None = bool(last.accepted)
-    if last.reason == "unavailable" and unknown:
+    if last.reason == "unavailable" and tries.unknown:
         accepted = None  # gave up while an earlier call may have stored it
-    return {
+    entry = {
         "chat": msg.chat, "seq": msg.seq, "key": msg.key, "kind": msg.kind, "type": msg.type,
         "accepted": accepted, "task_id": last.task_id or "", "reason": last.reason or "",
-        "duplicate": bool(last.duplicate), "calls": calls, "slowest_s": round(slowest, 3),
-        "unknown_seen": unknown, "t": round(first, 3), "done": round(ended, 3),
-        "last_s": round(took, 4), "first": first_reason,
+        "duplicate": bool(last.duplicate), "calls": tries.calls, "slowest_s": round(tries.slowest, 3),
+        "unknown_seen": tries.unknown, "t": round(first, 3), "done": round(ended, 3),
+        "last_s": round(tries.took, 4), "first": tries.first_reason,
         "detail": (last.detail or "")[:200] if not last.accepted else "",
         "scheduled_ms": due * 1000, "started_ms": first * 1000, "done_ms": ended * 1000,
     }
+    if chunk:
+        entry["chunk"] = chunk  # items in the dispatch_many call that first sent it
+    return entry
+
+
+def dispatch_chunk(dispatch_many: DispatchMany, chunk: Sequence[Message], *, dues: Sequence[float],
+                   retry_for: float, timeout: float) -> list[dict]:
+    """Dispatch ``chunk`` (one type) in one ``dispatch_many`` call; its history entries, in order.
+
+    Items answered ``unavailable`` are sent again together, with the same keys,
+    for ``retry_for`` s, as :func:`dispatch_one` does for one message. Unlike
+    one message at a time, a retried item may then be stored after a later
+    item of its chat that was accepted the first time: callers that need chat
+    order under Redis failures send one message at a time (the fault campaign).
+    """
+    first = time.time()
+    tries = [_Tries() for _ in chunk]
+    ended = [first] * len(chunk)
+    todo = list(range(len(chunk)))
+    while True:
+        started = time.monotonic()
+        results = dispatch_many(chunk[0].type, [(chunk[i].payload, chunk[i].options(timeout)) for i in todo],
+                                timeout=timeout)
+        took = time.monotonic() - started
+        now = time.time()
+        again = []
+        for i, result in zip(todo, results, strict=True):
+            tries[i].answered(result, took)
+            ended[i] = now
+            if result.reason == "unavailable":
+                again.append(i)
+        todo = again
+        if not todo or retry_for <= 0 or time.time() - first > retry_for:
+            break
+        time.sleep(RETRY_PAUSE_S)
+    return [_entry(msg, t, due=due, first=first, ended=end, chunk=len(chunk))
+            for msg, t, due, end in zip(chunk, tries, dues, ended, strict=True)]
 
 
 def send(schedules: Sequence[Schedule], *, admit: Admit, start: float, rate: float, record: Callable[[dict], None],
@@ -116,6 +189,44 @@ def send(schedules: Sequence[Schedule], *, admit: Admit, start: float, rate: flo
             if delay > 0 and stop.wait(delay):
                 return
             record(dispatch_one(admit, msg, due=due, retry_for=retry_for, timeout=timeout))
+
+    threads = [threading.Thread(target=sender, args=(s,), name=f"{name}-{j}", daemon=True)
+               for j, s in enumerate(schedules)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def send_bulk(schedules: Sequence[Schedule], *, dispatch_many: DispatchMany, bulk: int, start: float, rate: float,
+              record: Callable[[dict], None], stop: threading.Event, retry_for: float, timeout: float,
+              name: str = "loadgen-bulk") -> None:
+    """As :func:`send`, each sender sending with ``dispatch_many``: a chunk is what is due when it goes (<= bulk).
+
+    The schedule stays open loop: a sender waits for its next message's due
+    time, then takes every later message of its schedule already due (up to
+    ``bulk``, of the same type) and sends them in one call, in schedule order,
+    so each chat's messages keep their order.
+    """
+    most = max(1, int(bulk))
+
+    def sender(next_message: Schedule) -> None:
+        pending = next_message()
+        while pending is not None and not stop.is_set():
+            due = start + pending.index / rate
+            delay = due - time.time()
+            if delay > 0 and stop.wait(delay):
+                return
+            chunk, dues = [pending], [due]
+            pending = next_message()
+            now = time.time()
+            while (pending is not None and len(chunk) < most and pending.type == chunk[0].type
+                   and start + pending.index / rate <= now):
+                chunk.append(pending)
+                dues.append(start + pending.index / rate)
+                pending = next_message()
+            for entry in dispatch_chunk(dispatch_many, chunk, dues=dues, retry_for=retry_for, timeout=timeout):
+                record(entry)
 
     threads = [threading.Thread(target=sender, args=(s,), name=f"{name}-{j}", daemon=True)
                for j, s in enumerate(schedules)]

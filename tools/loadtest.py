@@ -9,10 +9,14 @@ as latency instead of being hidden by a generator that waits for it
 (coordinated omission). Each chat's messages are sent by one sender thread in
 order, carrying a per-chat sequence number and a unique idempotency key.
 
-The sink handler (``tools/sink.py``) records every applied message in
-Redis. After the step the test waits for the step's tasks to reach a terminal
-state, reads the record back and checks it with ``tools.loadcheck``: lost,
-duplicated and out-of-order effects, and dead letters. It also measures what
+The sink handler (``tools/sink.py``; ``loadtest.sink``, or its batched twin
+``loadtest.sink_batch``, whose calls it also counts) records every applied
+message in Redis. With ``bulk`` the generator sends with ``dispatch_many``
+(``loadgen.send_bulk``); with ``limit_key_count`` each chat's messages carry
+one of that many limit keys (for types with a key-scoped limit). After the
+step the test waits for the step's tasks to reach a terminal state, reads
+the record back and checks it with ``tools.loadcheck``: lost, duplicated and
+out-of-order effects, and dead letters. It also measures what
 each task cost: Redis commands (``INFO commandstats`` deltas), Redis round
 trips and SQL statements when the workers run with ``tools.probe``
 (``--probe-dir``), and result rows written.
@@ -34,6 +38,7 @@ from typing import Any
 from lanes import keys
 from lanes.redis_client import get_redis
 from tasks import config
+from tasks.bulk import dispatch_many
 from tasks.dispatch import admit
 from tools import loadgen, probe
 from tools.loadcheck import (
@@ -49,10 +54,19 @@ from tools.loadcheck import (
     step_verdict,
     sustained,
 )
-from tools.sink import applied_key, log_key
+from tools.sink import applied_key, calls_key, log_key
+
+#: The handlers whose record the load test reads (tools/sink.py): one message per call, or a batch.
+SINK_HANDLER, BATCH_SINK_HANDLER = "loadtest.sink", "loadtest.sink_batch"
+#: The type ``--batched`` creates when no other is named, and its batch shape unless told.
+BATCHED_TYPE = "loadtest.sink_batch"
+DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW_MS = 100, 5
 
 #: Commands the sink itself runs per applied message (HINCRBY, RPUSH, 2 x EXPIRE): the workload, not the platform.
 SINK_COMMANDS_PER_TASK = 4
+#: The batched sink's record (sink_record_batch.lua): HEXISTS, HLEN, HINCRBY per item; per call EVALSHA,
+#: RPUSH, LTRIM, 2 x EXPIRE, INCR, EXPIRE.
+BATCH_SINK_COMMANDS_PER_ITEM, BATCH_SINK_COMMANDS_PER_CALL = 3, 7
 EXIT_OK, EXIT_STEP_FAILED, EXIT_INCORRECT = 0, 1, 3
 #: Most seconds the "completed during the step" window is shifted by the end-to-end latency.
 MAX_WINDOW_SHIFT_S = 1.0
@@ -76,6 +90,8 @@ class LoadTestOptions:
     stop_on_fail: bool = True
     probe_dir: str | None = None
     seed: int | None = None
+    bulk: int = 0  # > 0: send with dispatch_many, chunks of up to this many items
+    limit_key_count: int = 0  # > 0: each chat's messages carry one of this many limit keys
 
 
 @dataclass
@@ -115,6 +131,9 @@ class StepReport:
     dispatch_round_trips_per_task: float | None = None
     sql_per_task: dict[str, float] = field(default_factory=dict)
     result_rows_per_task: float | None = None
+    handler_calls: int | None = None  # calls of the batched sink for the step's tasks (None: not batched)
+    tasks_per_call: float | None = None  # accepted tasks per batched call (attempts that failed count too)
+    mean_chunk: float | None = None  # items per dispatch_many call (--bulk), weighted by item
     passed: bool = False
     why: str = ""
     interrupted: bool = False
@@ -137,7 +156,43 @@ class LoadTestReport:
 
 
 class LoadTestError(Exception):
-    """The load test cannot run (unknown type, not chat-scoped, wrong handler)."""
+    """The load test cannot run (unknown type, not chat-scoped, wrong handler, limit keys it cannot use)."""
+
+
+def ensure_batched_type(name: str, *, lane: str, batch_size: int = DEFAULT_BATCH_SIZE,
+                        batch_window_ms: int = DEFAULT_BATCH_WINDOW_MS) -> None:
+    """Create the chat-scoped type ``name`` of the batched sink on ``lane``, or set its batch shape.
+
+    Shaped as the default config's ``loadtest.sink`` (same policy, timeouts and
+    chat queue size) so the two paths differ only by batching. A type of that
+    name with another handler is an error, never overwritten.
+    """
+    from django.core.exceptions import ValidationError
+
+    from lanes.models import Lane
+    from tasks.models import RetryPolicy, TaskType
+
+    existing = TaskType.objects.filter(name=name).first()
+    if existing is not None and existing.handler != BATCH_SINK_HANDLER:
+        raise LoadTestError(f"task type {name!r} runs {existing.handler!r}; --batched needs a type of "
+                            f"{BATCH_SINK_HANDLER} (name another with --type)")
+    if existing is None:
+        lane_obj = Lane.objects.filter(name=lane).first()
+        if lane_obj is None:
+            raise LoadTestError(f"no lane named {lane!r} for the batched type (apply the default config, or --lane)")
+        policy = RetryPolicy.objects.filter(name="fast").first() or RetryPolicy.objects.get_or_create(
+            name="loadtest", defaults={"max_retries": 5, "initial_backoff": 0.2, "max_backoff": 5.0})[0]
+        existing = TaskType(name=name, handler=BATCH_SINK_HANDLER, lane=lane_obj, retry_policy=policy, priority=5,
+                            timeout=120, attempt_timeout=10, chat_scoped=True, chat_queue_size=1000, options={})
+    elif (existing.batch_size, existing.batch_window_ms, existing.chat_scoped) == \
+            (batch_size, batch_window_ms, True):
+        return
+    existing.batch_size, existing.batch_window_ms, existing.chat_scoped = batch_size, batch_window_ms, True
+    try:
+        existing.full_clean()
+    except ValidationError as exc:
+        raise LoadTestError(f"batched type {name!r}: {'; '.join(exc.messages)}") from None
+    existing.save()  # saving bumps the config version: workers and this process see it within seconds
 
 
 Progress = Callable[[str], None]
@@ -163,8 +218,16 @@ class LoadTest:
             raise LoadTestError(f"no task type named {options.type_name!r} (apply the default config?)")
         if not tc.chat_scoped:
             raise LoadTestError(f"task type {tc.name!r} is not chat-scoped")
-        if tc.handler != "loadtest.sink":
-            raise LoadTestError(f"task type {tc.name!r} runs {tc.handler!r}, not the loadtest.sink handler")
+        if tc.handler not in (SINK_HANDLER, BATCH_SINK_HANDLER):
+            raise LoadTestError(f"task type {tc.name!r} runs {tc.handler!r}, not the {SINK_HANDLER} or "
+                                f"{BATCH_SINK_HANDLER} handler")
+        if options.limit_key_count > 0 and not tc.needs_limit_key:
+            raise LoadTestError(f"--limit-key-count needs a type with a key-scoped limit; task type {tc.name!r} "
+                                f"has {_limits_shown(tc)}")
+        if tc.needs_limit_key and options.limit_key_count <= 0:
+            raise LoadTestError(f"task type {tc.name!r} has a key-scoped limit ({_limits_shown(tc)}): every "
+                                f"dispatch needs a limit key; give --limit-key-count K")
+        self.batched = tc.handler == BATCH_SINK_HANDLER
         self.tc = tc
         self.lane = tc.lane
         self.report = LoadTestReport(self.run_id, tc.name, tc.lane, asdict(options))
@@ -202,6 +265,7 @@ class LoadTest:
             seq = self.chat_seq.get(chat, 0) + 1
             self.chat_seq[chat] = seq
             plan[chat % len(plan)].append((i, chat, seq))
+        n_keys = o.limit_key_count
         payload_base: dict[str, Any] = {"run": step_run, "latency_ms": o.latency_ms, "fail_rate": o.fail_rate}
         if o.drop_every:
             payload_base["drop_every"] = o.drop_every
@@ -214,16 +278,28 @@ class LoadTest:
         results: list[Sent] = []
         run = self.run_id
         schedules = [loadgen.planned([loadgen.Message(i, self.tc.name, f"lt-{run}-{chat}", seq,
-                                                      f"lt:{run}:{chat}:{seq}", {**payload_base, "seq": seq})
+                                                      f"lt:{run}:{chat}:{seq}", {**payload_base, "seq": seq},
+                                                      limit_key=f"lt-key-{chat % n_keys}" if n_keys else None)
                                       for i, chat, seq in part])
                      for part in plan]
         start = time.time() + 0.05
         monitor = _Monitor(self, step, step_run, index, start, n)
         monitor.start()
-        # Open loop, one call per message (retry_for=0): each answer is what the step measures.
-        loadgen.send(schedules, admit=admit, start=start, rate=rate, stop=self.stop, retry_for=0,
-                     timeout=self.tc.timeout_s, record=lambda entry: results.append(Sent.from_entry(entry)),
-                     name="loadtest-sender")
+        # Open loop, no retries (retry_for=0): each answer is what the step measures.
+        chunks: list[int] = []
+
+        def record(entry: dict) -> None:
+            results.append(Sent.from_entry(entry))
+            if "chunk" in entry:
+                chunks.append(entry["chunk"])
+
+        if o.bulk > 0:
+            loadgen.send_bulk(schedules, dispatch_many=dispatch_many, bulk=o.bulk, start=start, rate=rate,
+                              stop=self.stop, retry_for=0, timeout=self.tc.timeout_s, record=record,
+                              name="loadtest-bulk")
+        else:
+            loadgen.send(schedules, admit=admit, start=start, rate=rate, stop=self.stop, retry_for=0,
+                         timeout=self.tc.timeout_s, record=record, name="loadtest-sender")
         end = time.time()
         sent = sorted(results, key=lambda s: s.scheduled_ms)
         step.interrupted = self.stop.is_set()
@@ -237,6 +313,8 @@ class LoadTest:
         step.dispatch_ms = _rounded(percentiles([s.done_ms - s.scheduled_ms for s in sent]))
         step.dispatch_call_ms = _rounded(percentiles([s.done_ms - s.started_ms for s in sent]))
         step.max_schedule_lag_ms = round(max((s.done_ms - s.scheduled_ms for s in sent), default=0.0), 3)
+        if chunks:
+            step.mean_chunk = round(sum(chunks) / len(chunks), 1)
         local_rt = probe.snapshot().get("redis_round_trips", 0) - before_local.get("redis_round_trips", 0)
         local_rt = max(0, local_rt - self.own_round_trips)  # the dispatches' own requests
 
@@ -254,6 +332,10 @@ class LoadTest:
         step.depth_grows = depth_grows(rate, monitor.samples)
 
         counts, log = self._read_record(step_run)
+        if self.batched:
+            step.handler_calls = int(self.r.get(calls_key(step_run)) or 0)  # read after the cost snapshot
+            if step.handler_calls:
+                step.tasks_per_call = round(len(accepted) / step.handler_calls, 1)
         applied_keys = {k for k, v in counts.items() if v > 0}
         dead_ids = _dead_task_ids([s.task_id for s in accepted if s.key not in applied_keys and s.task_id])
         verdict = check_applied(sent, log, counts, dead_ids)
@@ -355,7 +437,9 @@ class LoadTest:
         delta = {k: v for k, v in delta.items() if v > 0}
         total = sum(delta.values())
         step.redis_commands_per_task = round(total / tasks, 2)
-        step.platform_commands_per_task = round((total - SINK_COMMANDS_PER_TASK * step.applied) / tasks, 2)
+        sink = SINK_COMMANDS_PER_TASK * step.applied if step.handler_calls is None else \
+            BATCH_SINK_COMMANDS_PER_ITEM * step.applied + BATCH_SINK_COMMANDS_PER_CALL * step.handler_calls
+        step.platform_commands_per_task = round((total - sink) / tasks, 2)
         step.evalsha_per_task = round((delta.get("evalsha", 0) + delta.get("eval", 0)) / tasks, 2)
         step.commands_per_task = {k: round(v / tasks, 2) for k, v in sorted(delta.items(), key=lambda kv: -kv[1])
                                   if v / tasks >= 0.05}
@@ -437,6 +521,12 @@ WORKER_HINT = (
 )
 
 
+def _limits_shown(tc: config.TypeConf) -> str:
+    if not tc.limits:
+        return "no limits"
+    return "limits " + ", ".join(f"{ref.name} ({ref.scope})" for ref in tc.limits)
+
+
 def _rounded(values: dict[str, float | None]) -> dict[str, float | None]:
     return {k: (round(v, 2) if v is not None else None) for k, v in values.items()}
 
@@ -469,6 +559,14 @@ TABLE_COLUMNS = ["rate", "offered/s", "accepted/s", "completed/s", "done in step
                  "cmds/task", "rt/task", "sql/task", "result", "why"]
 
 
+def table_columns(report: LoadTestReport) -> list[str]:
+    """TABLE_COLUMNS, with tasks per handler call (a batched sink) and items per dispatch_many call (--bulk)."""
+    extra = [name for name, shown in (("tasks/call", any(s.handler_calls is not None for s in report.steps)),
+                                      ("chunk", any(s.mean_chunk is not None for s in report.steps))) if shown]
+    at = TABLE_COLUMNS.index("cmds/task")
+    return TABLE_COLUMNS[:at] + extra + TABLE_COLUMNS[at:]
+
+
 def table_rows(report: LoadTestReport) -> list[dict[str, Any]]:
     rows = []
     for s in report.steps:
@@ -480,6 +578,7 @@ def table_rows(report: LoadTestReport) -> list[dict[str, Any]]:
             "disp p50/p95/p99 ms": _triple(s.dispatch_ms), "e2e p50/p95/p99 ms": _triple(s.e2e_ms),
             "peak depth": s.peak_depth, "drain s": s.drain_s if s.drained else "no",
             "lost": s.lost, "dup": s.duplicates, "order": s.order_violations, "dead": s.dead,
+            "tasks/call": s.tasks_per_call, "chunk": s.mean_chunk,
             "cmds/task": s.redis_commands_per_task,
             "rt/task": s.redis_round_trips_per_task if s.redis_round_trips_per_task is not None
             else (f"{s.dispatch_round_trips_per_task}+?" if s.dispatch_round_trips_per_task is not None else None),

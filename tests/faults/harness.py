@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import redis
 
 from lanes import keys
@@ -30,6 +31,11 @@ from tools.loadcheck import Delivery, Op, Report, check
 
 LONG = os.environ.get("FAULTS_LONG") == "1"
 ARTIFACTS = ROOT / "test-artifacts"
+
+
+def long_only(why: str):
+    """A scenario run by ``make faults`` only (each costs 15-35 s; ``make test`` stays under 20 minutes)."""
+    return pytest.mark.skipif(not LONG, reason=f"long campaign only (make faults): {why}")
 
 
 def pick(short, long):
@@ -114,6 +120,8 @@ class FaultCluster:
             load.stop()
         if self.paused:
             self.redis_resume()
+        for worker in self.workers:
+            worker.terminate()
         for worker in self.workers:
             worker.stop(timeout=20)
         self.redis.stop(kill=True)

@@ -14,10 +14,11 @@ import signal
 import threading
 import time
 
-from tests.faults.harness import drain_and_check, pick
+from tests.faults.harness import drain_and_check, long_only, pick
 from tests.support.helpers import unique
 
 
+@long_only("tests/integration/test_batching.py SIGKILLs a worker mid-batch here")
 def test_13_sigkill_mid_batch(cluster_factory, record):
     """SIGKILL pool children (mid-batch) and main processes while batched tasks run."""
     started = time.time()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from lanes import keys
-from tests.faults.harness import drain_and_check, pick
+from tests.faults.harness import drain_and_check, long_only, pick
 from tests.support.helpers import unique
 
 CAP = 6
@@ -58,6 +58,7 @@ def _max_running(sink) -> int:
     return most
 
 
+@long_only("tests/integration/test_limits_workers.py kills a worker holding slots here")
 def test_12_limits_kill_workers_holding_slots_and_freeze_redis(cluster_factory, record):
     started = time.time()
     cluster = cluster_factory(env={"DISPATCH_REDIS_TIMEOUT_S": "3"})

@@ -11,7 +11,7 @@ import threading
 import time
 
 from lanes import keys
-from tests.faults.harness import FaultCluster, LoadRun, dead_letters, deliveries, drain_and_check, pick
+from tests.faults.harness import FaultCluster, LoadRun, dead_letters, deliveries, drain_and_check, long_only, pick
 from tests.support.helpers import unique, wait_until
 from tools.loadcheck import chat_stalls
 
@@ -150,6 +150,7 @@ def test_l3_whole_host_killed(cluster_factory, record):
     _assert_moved(rep, stalled, killed_mains=len(victims))
 
 
+@long_only("l1-l3 (killed processes and hosts) run here")
 def test_l4_a_stopped_pool_child_is_not_taken_over_before_its_lease(cluster_factory, record):
     """SIGSTOP a pool child mid-task for longer than its liveness (5 s), well within its lease
     (30 s): its host vouches for it, nobody else runs its task, and it finishes once woken."""

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from lanes import keys
-from tests.faults.harness import LONG, drain_and_check, pick
+from tests.faults.harness import LONG, drain_and_check, long_only, pick
 from tests.support.helpers import unique
 
 REDIS_TIMEOUT_S = 3.0  # DISPATCH_REDIS_TIMEOUT_S for these scenarios (default 5)
@@ -169,6 +169,7 @@ def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     assert [w.pid for w in workers] == pids and all(w.alive() for w in workers)
 
 
+@long_only("scenario 4 (SIGSTOP Redis) runs here")
 def test_04b_a_frozen_redis_leaves_no_stale_restore_lock(cluster_factory):
     """Defect behind scenario 4's intermittent stuck chat: a worker's scan for unacknowledged
     messages met the frozen Redis, its lock request (SET NX, 300 s in stock kombu) timed out in the

@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 
-from tests.faults.harness import drain_and_check, pick
+from tests.faults.harness import drain_and_check, long_only, pick
 from tests.support.helpers import unique
 
 
@@ -65,6 +65,7 @@ def test_01_sigkill_worker_main_and_pool_children(cluster_factory, record):
     assert all(w.alive() for w in workers)
 
 
+@long_only("SIGTERM restarts are a gentler case of scenario 1 (SIGKILL), which runs here")
 def test_02_sigterm_restarts_under_load(cluster_factory, record):
     """Warm shutdowns (SIGTERM) and restarts, one worker at a time, under load: a message the
     consumer had popped when the shutdown began must not vanish."""
@@ -101,6 +102,7 @@ def test_02_sigterm_restarts_under_load(cluster_factory, record):
     assert rep.extra["sweep_republished"] == 0, rep.summary()
 
 
+@long_only("tests/integration/test_reliability.py runs a retry and a task longer than the visibility timeout here")
 def test_05_tasks_longer_than_the_visibility_timeout_and_retries_beyond_it(cluster_factory, record):
     """Lease = broker visibility timeout = 2 s; some sends take 3.5 s, some are told to retry after
     4 s. Lease renewal must keep a running task from being run again, and a retry parked past the
@@ -130,6 +132,7 @@ def test_05_tasks_longer_than_the_visibility_timeout_and_retries_beyond_it(clust
     assert rep.redeliveries == by_kind["retry-late"]["succeeded"], rep.summary()
 
 
+@long_only("tests/integration/test_reliability.py runs a poison task here; this is the campaign under load")
 def test_06_poison_tasks_are_bounded_and_do_not_block_other_chats(cluster_factory, record):
     """Tasks that always fail (503) or kill their worker process (os._exit), mixed into busy chats."""
     from lanes import keys

@@ -21,6 +21,19 @@ def test_the_sink_record_keeps_at_most_its_cap(rc):
     assert 0 < rc.ttl(log_key(run)) <= 60
 
 
+def test_the_batched_sink_record_is_the_same_record_with_its_calls_counted(rc):
+    from tools.sink import applied_key, calls_key, log_key, record_applied_many
+
+    run = unique("capb")
+    record_applied_many(run, [(f"k{i % 6}", f"line {i}") for i in range(5)], ttl_s=60, max_entries=3)
+    record_applied_many(run, [(f"k{i % 6}", f"line {i}") for i in range(5, 10)], ttl_s=60, max_entries=3)
+    record_applied_many(run, [], ttl_s=60, max_entries=3)  # a call whose items all failed
+    assert rc.lrange(log_key(run), 0, -1) == [b"line 7", b"line 8", b"line 9"]
+    applied = rc.hgetall(applied_key(run))
+    assert len(applied) == 4 and applied[b"k0"] == b"2" and int(applied[b"_overflow"]) == 4
+    assert rc.get(calls_key(run)) == b"3" and 0 < rc.ttl(calls_key(run)) <= 60
+
+
 def test_the_production_default_config_has_no_sink_type():
     from tasks.config_io import default_config_for
     from tasks.management.commands.bootstrap import DEFAULT_CONFIG
@@ -29,4 +42,7 @@ def test_the_production_default_config_has_no_sink_type():
     assert any(t["handler"] == "loadtest.sink" for t in default_config_for(data, "")["task_types"])
     production = default_config_for(data, "production")
     assert production["task_types"] and not any(t["handler"] == "loadtest.sink" for t in production["task_types"])
+    batched = {**data, "task_types": [*data["task_types"], {"name": "b", "handler": "loadtest.sink_batch"}]}
+    kept = default_config_for(batched, "production")["task_types"]
+    assert not any(t["handler"].startswith("loadtest.") for t in kept)
     assert production["lanes"] == data["lanes"]

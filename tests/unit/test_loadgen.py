@@ -77,3 +77,69 @@ def test_the_campaign_schedule_sends_each_chat_in_sequence_with_its_keys():
         mine = [e for e in out if e["chat"] == chat]
         assert [e["seq"] for e in mine] == list(range(len(mine))) and mine
         assert all(e["key"] == f"r:{chat}:{e['seq']}" for e in mine)
+
+
+class DispatchMany:
+    """Stands in for ``tasks.bulk.dispatch_many``: each call takes ``call_s``; keys in ``unknown`` answer
+    ``unavailable`` (outcome unknown), ``full`` ones are rejected, the rest accepted."""
+
+    def __init__(self, call_s: float = 0.0, unknown: frozenset = frozenset(), full: frozenset = frozenset()) -> None:
+        self.call_s, self.unknown, self.full = call_s, unknown, full
+        self.chunks: list[list[tuple[int, dict]]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, type_name, items, *, timeout=None) -> list[Answer]:
+        with self.lock:
+            self.chunks.append([(payload["seq"], options) for payload, options in items])
+        time.sleep(self.call_s)
+        out = []
+        for _payload, options in items:
+            key = options["idempotency_key"]
+            if key in self.unknown:
+                out.append(Answer(False, "unavailable", "outcome unknown: connection lost"))
+            elif key in self.full:
+                out.append(Answer(False, "lane_full", "lane is full"))
+            else:
+                out.append(Answer(True, task_id=f"t-{key}"))
+        return out
+
+
+def test_bulk_chunks_hold_what_is_due_when_they_go_and_keep_each_chats_order_and_answers():
+    # One sender, 200 messages due over 0.2 s, each call taking 20 ms: a chunk holds what fell due meanwhile.
+    msgs = [loadgen.Message(i, "t", f"c{i % 3}", i // 3, f"k{i}", {"seq": i // 3}, limit_key=f"lk{i % 2}")
+            for i in range(200)]
+    many = DispatchMany(call_s=0.02, unknown=frozenset({"k5"}), full=frozenset({"k7"}))
+    out: list[dict] = []
+    start = time.time()
+    loadgen.send_bulk([loadgen.planned(msgs)], dispatch_many=many, bulk=50, start=start, rate=1000.0,
+                      record=out.append, stop=threading.Event(), retry_for=0, timeout=10)
+    assert [e["key"] for e in out] == [m.key for m in msgs]  # every message once, in schedule order
+    assert sum(len(c) for c in many.chunks) == 200 and max(len(c) for c in many.chunks) <= 50
+    assert len(many.chunks) < 200 / 5  # calls, not messages: 20 ms of calls let ~20 fall due
+    assert all(opts["limit_key"] in ("lk0", "lk1") and opts["chat_id"] for c in many.chunks for _, opts in c)
+    for chat in ("c0", "c1", "c2"):
+        assert [e["seq"] for e in out if e["chat"] == chat] == list(range(len([m for m in msgs if m.chat == chat])))
+    by_key = {e["key"]: e for e in out}
+    assert by_key["k5"]["accepted"] is None and Sent.from_entry(by_key["k5"]).accepted is False  # unknown
+    assert (by_key["k7"]["accepted"], by_key["k7"]["reason"]) == (False, "lane_full")
+    assert by_key["k0"]["accepted"] is True and by_key["k0"]["chunk"] >= 1
+    # Each item's latency runs from its own due time; a chunk goes once its first item is due.
+    assert [e["scheduled_ms"] for e in out] == [(start + i / 1000.0) * 1000 for i in range(200)]
+    assert all(e["started_ms"] >= e["scheduled_ms"] - 1 and e["done_ms"] >= e["started_ms"] for e in out)
+
+
+def test_bulk_retries_unknown_items_with_their_keys_for_retry_for():
+    msgs = [loadgen.Message(i, "t", f"c{i}", 0, f"k{i}", {"seq": 0}) for i in range(3)]
+
+    class Flaky(DispatchMany):
+        def __call__(self, type_name, items, *, timeout=None):
+            self.unknown = frozenset({"k1"}) if not self.chunks else frozenset()
+            return super().__call__(type_name, items, timeout=timeout)
+
+    many = Flaky()
+    out: list[dict] = []
+    loadgen.send_bulk([loadgen.planned(msgs)], dispatch_many=many, bulk=10, start=time.time() - 1, rate=1000.0,
+                      record=out.append, stop=threading.Event(), retry_for=5, timeout=10)
+    assert [[opts["idempotency_key"] for _, opts in c] for c in many.chunks] == [["k0", "k1", "k2"], ["k1"]]
+    k1 = next(e for e in out if e["key"] == "k1")
+    assert (k1["accepted"], k1["calls"], k1["first"], k1["unknown_seen"]) == (True, 2, "unavailable", True)

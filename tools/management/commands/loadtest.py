@@ -30,8 +30,10 @@ class Command(BaseCommand):
         "per-task Redis and SQL costs. A step passes only when, during the step, completions reach 97% of the "
         "offered rate and the backlog at its end is under one second of offered load, it drains within "
         "--drain-limit after, and nothing was lost, duplicated or reordered; 'sustained' is the highest passing "
-        "step, 'knee' the lowest step whose queue depth grew. Exit 0 when every step passes, 1 when a step "
-        "fails (or Ctrl-C), 3 when anything was lost, duplicated or reordered."
+        "step, 'knee' the lowest step whose queue depth grew. --batched drives a batched chat-scoped type "
+        "(loadtest.sink_batch: one simulated I/O wait per batch) and reports tasks per handler call; --bulk N sends "
+        "with dispatch_many; --limit-key-count K spreads the messages over K limit keys. Exit 0 when every step "
+        "passes, 1 when a step fails (or Ctrl-C), 3 when anything was lost, duplicated or reordered."
     )
 
     def create_parser(self, prog_name, subcommand, **kwargs):
@@ -48,8 +50,25 @@ class Command(BaseCommand):
                             help="simulated outbound I/O per message")
         parser.add_argument("--fail-rate", type=float, default=_DEFAULTS.fail_rate,
                             help="fraction of attempts that fail retryably")
-        parser.add_argument("--type", dest="type_name", default="loadtest.sink",
-                            help="a chat-scoped task type whose handler is loadtest.sink")
+        parser.add_argument("--type", dest="type_name", default=None,
+                            help="a chat-scoped task type whose handler is loadtest.sink or loadtest.sink_batch "
+                                 f"(default: {loadtest.SINK_HANDLER}, or {loadtest.BATCHED_TYPE} with --batched)")
+        parser.add_argument("--batched", action="store_true",
+                            help=f"drive a batched chat-scoped type of the {loadtest.BATCH_SINK_HANDLER} handler "
+                                 "(one --latency-ms wait per batch, each item recorded, failing at --fail-rate on "
+                                 "its own): --type's if it exists (its batch shape set from --batch-size and "
+                                 "--batch-window-ms), else created on --lane")
+        parser.add_argument("--batch-size", type=int, default=loadtest.DEFAULT_BATCH_SIZE,
+                            help="with --batched: most tasks per handler call (1..1000)")
+        parser.add_argument("--batch-window-ms", type=int, default=loadtest.DEFAULT_BATCH_WINDOW_MS,
+                            help="with --batched: how long a worker waits to fill a batch (0..1000)")
+        parser.add_argument("--lane", default="realtime", help="with --batched: the lane of a type it creates")
+        parser.add_argument("--bulk", type=int, default=0, metavar="N",
+                            help="send with dispatch_many, each sender's chunk holding the messages due when it "
+                                 "goes (up to N); 0: one dispatch per message")
+        parser.add_argument("--limit-key-count", type=int, default=0, metavar="K",
+                            help="each chat's messages carry one of K limit keys (lt-key-0..K-1); the type must "
+                                 "have a key-scoped limit, and a type that has one needs this")
         parser.add_argument("--drain-limit", type=float, default=10.0,
                             help="seconds after a step's end within which its queue must drain")
         parser.add_argument("--settle", type=float, default=60.0,
@@ -64,12 +83,22 @@ class Command(BaseCommand):
         parser.add_argument("--plot", metavar="FILE.png", help="write a PNG plot of the steps")
 
     def handle(self, *args, **opts):
+        type_name = opts["type_name"] or (loadtest.BATCHED_TYPE if opts["batched"] else loadtest.SINK_HANDLER)
+        if opts["bulk"] < 0 or opts["limit_key_count"] < 0:
+            raise CommandError("--bulk and --limit-key-count must be 0 or more")
+        if opts["batched"]:
+            try:
+                loadtest.ensure_batched_type(type_name, lane=opts["lane"], batch_size=opts["batch_size"],
+                                             batch_window_ms=opts["batch_window_ms"])
+            except loadtest.LoadTestError as exc:
+                raise CommandError(str(exc)) from None
         options = loadtest.LoadTestOptions(
             steps=_int_list(opts["steps"]), step_seconds=opts["step_seconds"], chats=max(1, opts["chats"]),
-            latency_ms=opts["latency_ms"], fail_rate=opts["fail_rate"], type_name=opts["type_name"],
+            latency_ms=opts["latency_ms"], fail_rate=opts["fail_rate"], type_name=type_name,
             drain_limit_s=opts["drain_limit"], settle_s=opts["settle"], senders=max(1, opts["senders"]),
             drop_every=max(0, opts["drop_every"]), stop_on_fail=not opts["keep_going"],
-            probe_dir=opts["probe_dir"], seed=opts["seed"],
+            probe_dir=opts["probe_dir"], seed=opts["seed"], bulk=opts["bulk"],
+            limit_key_count=opts["limit_key_count"],
         )
         stop = threading.Event()
 
@@ -94,7 +123,7 @@ class Command(BaseCommand):
         if opts["json"]:
             self.stdout.write(dumps(report.as_dict()))
         else:
-            self.stdout.write(table(loadtest.table_rows(report), loadtest.TABLE_COLUMNS))
+            self.stdout.write(table(loadtest.table_rows(report), loadtest.table_columns(report)))
             self.stdout.write(
                 f"run {report.run}  type {report.type}  lane {report.lane}  "
                 f"sustained rate: {report.sustained_rate or 0}/s  "
