@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from tests.support.hypothesis_profile import bounded
 
-CONFIG_EXAMPLES = 40
+CONFIG_EXAMPLES = 25
 _counter = itertools.count()
 
 clean_text = st.text(st.characters(exclude_categories=("Cs",), exclude_characters="\x00"), max_size=30)
