@@ -84,13 +84,22 @@ def test_the_plain_path_stays_within_its_redis_budget(start_worker, rc):
     # commands a second alone, several hundred in a suite that left many lanes behind) is not a cost
     # per task; on a loaded machine the run takes longer and would charge more of it to each task.
     # Background only ever adds commands: the lower of two runs is the better reading.
+    # The dashboard's sampler reads every lane of the configuration once per 5 s, in whichever
+    # process takes its lock first (14 commands a lane: thousands late in a session). One sample
+    # falling inside a run and not inside its idle window charged 8-20 commands to each task in a
+    # full suite (33 and 45 a task, `llen` first). It is a cost per 5 s, not per task: the test
+    # holds the sampler's lock while it counts.
+    rc.set(keys.SAMPLE_LOCK, "held by test_redis_budget", px=300_000)
     runs = []
-    for _ in range(2):
-        idle = background_per_s(rc)
-        per_task, elapsed, by_name = run_and_count(rc, type_name, TASKS)
-        net = per_task - idle * elapsed / TASKS
-        print(f"redis commands per task, plain path: {per_task:.2f} ({net:.2f} less {idle:.0f}/s of idle "
-              f"background over {elapsed:.1f}s) {by_name}")
-        runs.append((net, per_task, idle, elapsed, by_name))
+    try:
+        for _ in range(2):
+            idle = background_per_s(rc)
+            per_task, elapsed, by_name = run_and_count(rc, type_name, TASKS)
+            net = per_task - idle * elapsed / TASKS
+            print(f"redis commands per task, plain path: {per_task:.2f} ({net:.2f} less {idle:.0f}/s of idle "
+                  f"background over {elapsed:.1f}s) {by_name}")
+            runs.append((net, per_task, idle, elapsed, by_name))
+    finally:
+        rc.delete(keys.SAMPLE_LOCK)
     best = min(runs, key=lambda run: run[0])
     assert best[0] <= PLAIN_PATH_BUDGET, runs
