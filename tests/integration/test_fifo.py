@@ -44,7 +44,7 @@ def drained(rc, lane: str) -> bool:
 
 
 def test_order_under_stress_many_chats_two_workers(start_worker, sink, rc):
-    """120 chats x 20 messages, 2 worker processes x 6 threads, 10% of first attempts fail."""
+    """80 chats x 20 messages, 2 worker processes x 6 threads, 10% of first attempts fail."""
     name, lane = unique("stress"), unique("l-stress")
     define(name, handler="http.post", lane=lane, chat_scoped=True, chat_queue_size=64,
            options={"url": sink.url}, timeout=300,
@@ -52,7 +52,7 @@ def test_order_under_stress_many_chats_two_workers(start_worker, sink, rc):
     sink.sink.behaviour.delay_s = (0.0, 0.02)
     sink.sink.behaviour.fail_fraction_first = 0.10
     workers = [start_worker(lane, pool="threads", concurrency=6) for _ in range(2)]
-    chats, per_chat = 120, 20
+    chats, per_chat = 80, 20
     accepted: dict[str, list[str]] = {}
 
     def send(chat_numbers: list[int]) -> None:
