@@ -190,6 +190,11 @@ def send(schedules: Sequence[Schedule], *, admit: Admit, start: float, rate: flo
                 return
             record(dispatch_one(admit, msg, due=due, retry_for=retry_for, timeout=timeout))
 
+    _run_senders(sender, schedules, name)
+
+
+def _run_senders(sender: Callable[[Schedule], None], schedules: Sequence[Schedule], name: str) -> None:
+    """One thread per schedule, until every schedule is sent (or stopped)."""
     threads = [threading.Thread(target=sender, args=(s,), name=f"{name}-{j}", daemon=True)
                for j, s in enumerate(schedules)]
     for t in threads:
@@ -228,12 +233,7 @@ def send_bulk(schedules: Sequence[Schedule], *, dispatch_many: DispatchMany, bul
             for entry in dispatch_chunk(dispatch_many, chunk, dues=dues, retry_for=retry_for, timeout=timeout):
                 record(entry)
 
-    threads = [threading.Thread(target=sender, args=(s,), name=f"{name}-{j}", daemon=True)
-               for j, s in enumerate(schedules)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    _run_senders(sender, schedules, name)
 
 
 def planned(messages: Sequence[Message]) -> Schedule:

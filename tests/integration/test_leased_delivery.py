@@ -91,13 +91,25 @@ def test_a_leased_message_held_when_the_channel_closes_goes_back_to_its_queue(ko
     assert json.loads(base64.b64decode(json.loads(rc.lindex(queue.name, 0))["body"])) == {"n": 4}
 
 
+def _pop_and_run(rc, lane: str, task_id: str):
+    """Pop the lane's message and run its task body in this process, as a worker's pool would."""
+    from dispatchsite.celery import app
+    from tasks.execution import execute
+
+    raw = json.loads(next(rc.rpop(q) for q in keys.lane_queues(lane) if rc.llen(q)))
+    _args, kwargs, _embed = json.loads(raw["body"])
+    task = app.tasks["http.post"]
+    task.push_request(id=task_id, delivery_info={})
+    try:
+        return execute(task, (), kwargs)
+    finally:
+        task.pop_request()
+
+
 def test_a_worker_that_died_after_finishing_but_before_the_result_row_still_gets_its_row(start_worker, sink, rc):
     """Without kombu's copy, the finished record's lease brings the result row back, and the
     handler's effect is not made again."""
     from django_celery_results.models import TaskResult
-
-    from dispatchsite.celery import app
-    from tasks.execution import execute
 
     name, lane = unique("settle"), unique("l-settle")
     define(name, handler="http.post", lane=lane, options={"url": sink.url}, chat_scoped=True)
@@ -107,14 +119,7 @@ def test_a_worker_that_died_after_finishing_but_before_the_result_row_still_gets
 
     # A worker pops the message, runs the task to its end (finish.lua) and dies
     # before Celery stores the row: here, the task body run in this process.
-    raw = json.loads(next(rc.rpop(q) for q in keys.lane_queues(lane) if rc.llen(q)))
-    _args, kwargs, _embed = json.loads(raw["body"])
-    task = app.tasks["http.post"]
-    task.push_request(id=result.task_id, delivery_info={})
-    try:
-        assert execute(task, (), kwargs) == {"status": 200}
-    finally:
-        task.pop_request()
+    assert _pop_and_run(rc, lane, result.task_id) == {"status": 200}
     assert sink.sink.applied == {result.task_id: 1}
     assert rc.hget(record, "st") == b"done", "the finished record must outlive the unstored row"
     assert not TaskResult.objects.filter(task_id=result.task_id).exists()
@@ -176,25 +181,14 @@ def test_a_claim_no_replica_confirmed_is_not_run_and_its_lease_brings_it_back(st
     from celery.exceptions import Ignore
     from django.test import override_settings
 
-    from dispatchsite.celery import app
-    from tasks.execution import execute
-
     name, lane = unique("unconf"), unique("l-unconf")
     define(name, handler="http.post", lane=lane, options={"url": sink.url}, chat_scoped=True)
     chat = unique("chat")
     result = dispatch.delay(name, {"order": 1}, chat_id=chat)
     assert result.accepted, result
     record = keys.task_record(result.task_id, chat)
-    raw = json.loads(next(rc.rpop(q) for q in keys.lane_queues(lane) if rc.llen(q)))
-    _args, kwargs, _embed = json.loads(raw["body"])
-    task = app.tasks["http.post"]
-    task.push_request(id=result.task_id, delivery_info={})
-    try:
-        with override_settings(DISPATCH_REPLICA_ACKS=1, DISPATCH_REPLICA_ACKS_TIMEOUT_MS=50), \
-                pytest.raises(Ignore):
-            execute(task, (), kwargs)
-    finally:
-        task.pop_request()
+    with override_settings(DISPATCH_REPLICA_ACKS=1, DISPATCH_REPLICA_ACKS_TIMEOUT_MS=50), pytest.raises(Ignore):
+        _pop_and_run(rc, lane, result.task_id)
     assert sink.sink.attempts == [], "a claim no replica confirmed was run"
     assert rc.hget(record, "st") == b"running" and rc.zscore(keys.LEASES, record) is not None
 
