@@ -62,6 +62,16 @@ def test_dashboard_numbers_close_a_lane_and_requeue_a_dead_letter(page, live_ser
     for r in ok:
         r.get(timeout=30)
     wait_until(lambda: DeadLetter.objects.filter(lane=lane, status="dead").count() == 2, what="two dead letters")
+    # Outcome counters are kept in each worker process and reach Redis with its next beat
+    # (at most a second late; docs/redis-budget.md): the page reads them once they have.
+    from ops.metrics import snapshot
+
+    def counted() -> bool:
+        row = next(r for r in snapshot(lane_names=[lane])["lanes"] if r["name"] == lane)
+        counts = row["stats"]["counts_15m"]
+        return (counts["succeeded"], counts["dead"]) == (3, 2)
+
+    wait_until(counted, timeout=10, what="the workers' counts flushed")
 
     login(page, live_server, operator_login)
     assert page.is_visible(f'#lanes-table tr[data-lane="{lane}"]')
