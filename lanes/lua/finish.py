@@ -26,9 +26,8 @@ def finish(
         [record, keys.LEASES, keys.chat_queue(chat) if chat else record, keys.chat_index(), keys.METRICS_TOTAL,
          keys.metrics_minute(int(now // 60)), keys.tombstone(task_id), keys.DEADLINES],
         [task_id, outcome, result_json, int(now * 1000), tombstone_ttl_s, queued_lease_ms, chat,
-         keys.chat_record_prefix(chat) if chat else "", metric_field, reason, execution_latency_bucket,
-         keys.lane_chat_waiting(""), f"{execution_latency_s:.6f}", owner, settle_lease_ms, keys.LIMIT_PREFIX,
-         keys.LANE_PREFIX],
+         keys.chat_record_prefix(chat) if chat else "", keys.lane_chat_waiting(""), owner, settle_lease_ms,
+         keys.LIMIT_PREFIX, keys.LANE_PREFIX],
     )
     if reply and reply[0] == b"ok":
         count_finished(metric_field, outcome, reason, execution_latency_bucket, execution_latency_s, now)

@@ -31,11 +31,10 @@ def start(
     """
     reply = call(
         NAME,
-        [record, keys.LEASES, keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)), keys.CONFIG_VERSION,
-         keys.chat_queue(chat) if chat else record, keys.tombstone(task_id), keys.DEADLINES,
-         keys.PROCS, keys.process_held(process)],
-        [task_id, attempt, owner, int(now * 1000), lease_ms, max_deliveries, dead_owner, metric_field,
-         queue_latency_bucket, f"{queue_latency_s:.6f}", process, liveness_ms, keys.LANE_PREFIX],
+        [record, keys.LEASES, keys.CONFIG_VERSION, keys.chat_queue(chat) if chat else record,
+         keys.tombstone(task_id), keys.DEADLINES, keys.PROCS, keys.process_held(process)],
+        [task_id, attempt, owner, int(now * 1000), lease_ms, max_deliveries, dead_owner, process, liveness_ms,
+         keys.LANE_PREFIX],
         replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
         wait_if=_claimed,
     )

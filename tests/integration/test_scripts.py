@@ -14,9 +14,8 @@ from tests.support.helpers import unique
 
 def _start_args(task_id: str) -> tuple[list, list]:
     record = keys.task_record(task_id)
-    return ([record, keys.LEASES, keys.METRICS_TOTAL, keys.metrics_minute(1), keys.CONFIG_VERSION, record,
-             keys.tombstone(task_id)],
-            [task_id, 1, "host:1:2", 1000, 30000, 5, "", "lane|type", "", "0"])
+    return ([record, keys.LEASES, keys.CONFIG_VERSION, record, keys.tombstone(task_id)],
+            [task_id, 1, "host:1:2", 1000, 30000, 5, ""])
 
 
 def test_call_answers_like_the_registered_script():
