@@ -254,14 +254,3 @@ def process_in_hand(process: str) -> str:
     """Set of task records whose message a worker's main process popped and has not acked."""
     return IN_HAND_PREFIX + process
 
-
-# --- cancel (issue 18; lanes/lua/cancel.lua) ------------------------------------
-
-
-def task_chat(task_id: str) -> str:
-    """The chat of a chat-scoped task (written by admit.lua, expiring after its deadline).
-
-    A chat-scoped task's record lives under its chat's hash tag, so a cancel by
-    task id alone reads this first to find it; a task without a chat has none.
-    """
-    return f"{PREFIX}tchat:{task_id}"

@@ -11,7 +11,7 @@ from typing import Any
 
 from django_celery_results.models import TaskResult
 
-from lanes import keys
+from lanes import keys, records
 from lanes.redis_client import get_redis
 from tasks.cancel import valid_task_id
 from tasks.validation import MAX_CHAT_ID_LEN, MAX_IDEMPOTENCY_KEY_LEN, is_clean_text
@@ -43,17 +43,22 @@ def _text(value: bytes | None) -> str:
 
 
 def task(task_id: str) -> TaskRow | None:
-    """One task by id, wherever it is still known."""
+    """One task by id, wherever it is still known.
+
+    A chat-scoped task's record is searched for among the live ones (``lanes.records.locate``:
+    O(live tasks), as a cancel by id alone); a finished one's tombstone does not keep its chat.
+    """
     if not valid_task_id(task_id):
         return None
     client = get_redis()
-    chat = _text(client.get(keys.task_chat(task_id)))
-    st, lane, ttype, att = client.hmget(keys.task_record(task_id, chat or None), "st", "lane", "type", "att")
-    if st:
-        return TaskRow(task_id, _text(st), _text(lane), _text(ttype), chat, int(att or 0), "redis")
+    record = records.locate(client, task_id)
+    if record:
+        st, lane, ttype, att, chat = client.hmget(record, "st", "lane", "type", "att", "chat")
+        if st:
+            return TaskRow(task_id, _text(st), _text(lane), _text(ttype), _text(chat), int(att or 0), "redis")
     tomb = client.get(keys.tombstone(task_id))
     if tomb:
-        return TaskRow(task_id, _text(tomb).partition("|")[0], chat=chat, where="tombstone")
+        return TaskRow(task_id, _text(tomb).partition("|")[0], where="tombstone")
     row: Any = TaskResult.objects.filter(task_id=task_id).values("status", "task_name").first()
     if row:
         return TaskRow(task_id, row["status"], type=row["task_name"] or "", where="result row")

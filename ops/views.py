@@ -220,7 +220,8 @@ def _cancel_from_search(request: HttpRequest) -> HttpResponse:
         messages.success(request, f"chat {chat_id}: {summary}")
         back = f"{reverse('dispatch-task-search')}?{urlencode({'kind': 'chat', 'q': chat_id})}"
     else:
-        result = cancelling.cancel_task(task_id, reason, by=by)
+        # The row's chat, when it showed one: the record is found in one step, not searched for.
+        result = cancelling.cancel_task(task_id, reason, by=by, chat_id=request.POST.get("task_chat") or None)
         level = messages.success if result.outcome in ("cancelled", "running_told") else messages.warning
         level(request, f"task {result.task_id}: {result.outcome} ({result.detail})")
         back = f"{reverse('dispatch-task-search')}?{urlencode({'kind': 'task', 'q': task_id})}"

@@ -27,7 +27,7 @@ import redis
 from celery import states
 from django.conf import settings
 
-from lanes import keys
+from lanes import keys, records
 from lanes.lua.cancel import Cancelled
 from lanes.lua.cancel import cancel as lua_cancel
 from lanes.lua.forget import forget
@@ -103,14 +103,22 @@ def valid_task_id(task_id: Any) -> bool:
     return is_clean_text(task_id, MAX_TASK_ID_LEN) and not any(c in task_id for c in ":{}")
 
 
-def cancel_task(task_id: Any, reason: Any = "", *, by: Any = "") -> CancelResult:
-    """Cancel one task by id (see the module docstring and ``OUTCOMES``)."""
+def cancel_task(task_id: Any, reason: Any = "", *, by: Any = "", chat_id: Any = None) -> CancelResult:
+    """Cancel one task by id (see the module docstring and ``OUTCOMES``).
+
+    ``chat_id``: the task's chat, when the caller knows it (``DispatchResult.cancel`` does): its
+    record is then found in one step. Without it, a chat-scoped task's record is searched for
+    among the live ones (``lanes.records.locate``: O(live tasks)); a task without a chat is not.
+    """
     if not valid_task_id(task_id):
         return CancelResult(str(task_id)[:MAX_TASK_ID_LEN], "invalid", "not a task id")
+    if chat_id is not None and chat_id != "" and not is_clean_text(chat_id, MAX_CHAT_ID_LEN):
+        return CancelResult(task_id, "invalid", f"chat_id must be 1..{MAX_CHAT_ID_LEN} printable characters")
     detail = describe(reason, by)
     try:
-        chat = cast("bytes | None", get_redis().get(keys.task_chat(task_id)))
-        found = _run(detail, targets=[(task_id, keys.task_record(task_id, chat.decode() if chat else None))])
+        # Not found: the plain key, whose absence cancel.lua answers from the tombstone (by task id).
+        record = records.locate(get_redis(), task_id, chat_id or None) or keys.task_record(task_id)
+        found = _run(detail, targets=[(task_id, record)])
     except redis.RedisError as exc:
         return CancelResult(task_id, "unavailable", f"Redis did not answer ({exc}); nothing known, send again")
     return found[0] if found else CancelResult(task_id, "unknown")
@@ -132,13 +140,16 @@ def cancel_key(task_type: Any, idempotency_key: Any, reason: Any = "", *, by: An
         return CancelResult("", "invalid", "a task type and an idempotency key (printable text) are required")
     try:
         client = get_redis()
-        task_id = cast("bytes | None", client.hget(keys.idempotency(task_type, idempotency_key), "task") or client.hget(
-            keys.legacy_idempotency(task_type, idempotency_key), "task"))
+        task_id, chat = cast("list[bytes | None]", client.hmget(
+            keys.idempotency(task_type, idempotency_key), "task", "chat"))
+        if not task_id:
+            task_id = cast("bytes | None", client.hget(keys.legacy_idempotency(task_type, idempotency_key), "task"))
     except redis.RedisError as exc:
         return CancelResult("", "unavailable", f"Redis did not answer ({exc}); nothing known, send again")
     if not task_id:
         return CancelResult("", "unknown", f"no task of {task_type!r} holds idempotency key {idempotency_key!r}")
-    return cancel_task(task_id.decode(), reason, by=by)
+    # The key keeps its task's chat (admit.lua): no search (a key stored before it did: searched).
+    return cancel_task(task_id.decode(), reason, by=by, chat_id=chat.decode(errors="replace") if chat else None)
 
 
 def purge_lane(lane: str, reason: Any = "", *, by: Any = "") -> PurgeSummary:

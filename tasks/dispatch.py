@@ -114,9 +114,12 @@ class DispatchTask(Task):
                 kwargs.setdefault(name, options[name])
         return admit(*(args or ()), **kwargs)
 
-    def cancel(self, task_id: Any, reason: Any = "", *, by: Any = "") -> cancelling.CancelResult:
-        """Cancel a task by id: removed if it waits, told if it runs; answers what it found, never raises."""
-        return cancelling.cancel_task(task_id, reason, by=by)
+    def cancel(self, task_id: Any, reason: Any = "", *, by: Any = "", chat_id: Any = None) -> cancelling.CancelResult:
+        """Cancel a task by id: removed if it waits, told if it runs; answers what it found, never raises.
+
+        ``chat_id``: the task's chat if known (one step; without it a chat task's record is searched for).
+        """
+        return cancelling.cancel_task(task_id, reason, by=by, chat_id=chat_id)
 
     def cancel_chat(self, chat_id: Any, reason: Any = "", *, by: Any = "") -> list[cancelling.CancelResult]:
         """Cancel everything queued for a chat (its running head is told)."""

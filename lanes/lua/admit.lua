@@ -23,8 +23,8 @@
 --   names no limits: then nothing below touches a limit key), ARGV[18] limits key
 --   prefix (lanes.keys.LIMIT_PREFIX), ARGV[19] lane key prefix (lanes.keys.LANE_PREFIX)
 -- KEYS[26] the lane's count of tasks waiting on a limit (not read here since issue 16)
--- KEYS[27] the task's chat (keys.task_chat: a cancel by task id finds a chat-scoped record),
---   kept until 10 minutes past the deadline; written only for a chat-scoped task
+-- (No key is written for a cancel: a cancel by task id finds a chat-scoped record in the
+--   deadlines and leases sets, lanes.records; the idempotency key keeps the task's chat.)
 -- ARGV[20] when the task is due, epoch ms ('0': now, the plain dispatch). A task
 --   sent for later (countdown / eta) is stored with st 'scheduled' and its due
 --   time in the record's ``eta`` field; runnable (not chat-scoped, or its chat's
@@ -106,7 +106,6 @@ if chat_id ~= '' then
   redis.call('RPUSH', KEYS[5], task_id)
   redis.call('ZINCRBY', KEYS[10], 1, chat_id)
   position = backlog + 1
-  redis.call('SET', KEYS[27], chat_id, 'PX', math.max(1, tonumber(ARGV[16]) - tonumber(ARGV[2])) + 600000)
   if backlog > 0 then
     publish = false
     redis.call('INCR', KEYS[6])
@@ -147,7 +146,8 @@ elseif direct then
   redis.call('ZADD', KEYS[3], now + tonumber(ARGV[12]), KEYS[2])
 end
 if digest ~= '' then
-  redis.call('HSET', KEYS[4], 'task', task_id, 'digest', digest)
+  -- Its chat too (same command): a cancel by the key finds a chat-scoped record without a scan.
+  redis.call('HSET', KEYS[4], 'task', task_id, 'digest', digest, 'chat', chat_id)
   redis.call('EXPIRE', KEYS[4], tonumber(ARGV[11]))
 end
 -- 'dispatched' is counted by the caller, in process (lanes.counters), on an 'ok' reply.

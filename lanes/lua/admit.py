@@ -124,7 +124,6 @@ def keys_and_args(
             keys.metrics_minute(minute - 1),
             keys.legacy_idempotency(task_type, idempotency_key) if idempotency_key else record,
             keys.DEADLINES, keys.PAUSED_LANES, keys.lane_consumers(lane), keys.lane_limited(lane),
-            keys.task_chat(task_id),
         ],
         [
             version, int(now * 1000), task_id, message, kombu_priority, "1" if accepting else "0",

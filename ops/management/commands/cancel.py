@@ -1,4 +1,5 @@
-"""``manage.py cancel TASK_ID | --chat ID | --key TYPE KEY | --lane NAME --queued``: cancel what is no longer wanted.
+"""``manage.py cancel TASK_ID [--in-chat ID] | --chat ID | --key TYPE KEY | --lane NAME --queued``: cancel what
+is no longer wanted.
 
 Exit codes a script can trust: 0 the cancel took effect (cancelled, running
 task told, or already cancelled: a cancel is idempotent); 1 nothing to cancel
@@ -31,6 +32,8 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("task_id", nargs="?", help="the task to cancel")
         parser.add_argument("--chat", metavar="ID", help="cancel everything queued for this chat")
+        parser.add_argument("--in-chat", metavar="ID", help="with TASK_ID: the task's chat, if known (found in "
+                            "one step; without it a chat task is searched for among every live task)")
         parser.add_argument("--key", nargs=2, metavar=("TYPE", "KEY"), help="the task this idempotency key names")
         parser.add_argument("--lane", metavar="NAME", help="with --queued: cancel every task waiting in this lane")
         parser.add_argument("--queued", action="store_true", help="with --lane: what waits (running tasks stay)")
@@ -43,6 +46,8 @@ class Command(BaseCommand):
         if sum(doors) != 1:
             raise CommandError("give exactly one of TASK_ID, --chat ID, --key TYPE KEY, --lane NAME --queued",
                                returncode=2)
+        if opts["in_chat"] and not opts["task_id"]:
+            raise CommandError("--in-chat ID goes with a TASK_ID (the task's chat)", returncode=2)
         by = shell_actor()  # the OS user id: the audit trail must not be spoofable
         if opts["lane"]:
             return self._purge(opts["lane"], opts, by)
@@ -51,7 +56,7 @@ class Command(BaseCommand):
         elif opts["key"]:
             found = [cancelling.cancel_key(*opts["key"], opts["reason"], by=by)]
         else:
-            found = [cancelling.cancel_task(opts["task_id"], opts["reason"], by=by)]
+            found = [cancelling.cancel_task(opts["task_id"], opts["reason"], by=by, chat_id=opts["in_chat"])]
         rows = [r.as_dict() for r in found]
         self.stdout.write(dumps(rows) if opts["json"] else (table(rows) if rows else "nothing queued"))
         outcomes = {r.outcome for r in found}
