@@ -32,6 +32,10 @@ most one message per fsync: about 330 tasks/s for ``make run``'s two, whatever
 their threads. Here a pop that delivered a message is followed by one call that
 takes as many more as the prefetch window has room for (``POP_MORE``: the
 lane's priority lists in ``BRPOP``'s order), each delivered as if popped alone.
+A lane that keeps up has nothing more to take, and that call would cost an
+``RPOP`` per priority list for nothing: after a call that found nothing the
+next ones are skipped, for up to ``POP_MORE_SKIP_MAX`` pops, doubling while they
+keep finding nothing.
 
 Stock kombu frees a message's prefetch slot only after its ack reached Redis.
 An ack that timed out (Redis frozen, fault scenario 4) kept its slot forever:
@@ -68,6 +72,8 @@ RECORD_HEADER = "dispatch_record"
 
 #: Most messages one ``POP_MORE`` call takes (the prefetch window bounds it first).
 POP_MORE_MAX = 64
+#: Most pops after an empty ``POP_MORE`` before the next is tried (the lane kept up).
+POP_MORE_SKIP_MAX = 16
 
 #: Pops up to ARGV[1] messages from the lane lists KEYS[3..] (BRPOP's order: the
 #: lane's priorities), from their right end as BRPOP does, and names the record of
@@ -210,6 +216,9 @@ class Channel(kombu_redis.Channel):
                 transport.closing_channel = None
 
     _pop_more_script = None
+    #: Pops left before POP_MORE is tried again, and the next skip (both grow while it finds nothing).
+    _pop_more_skip = 0
+    _pop_more_backoff = 0
     #: While delivering what POP_MORE took: the record it named in the in-hand set for this message.
     _popped_in_hand = ""
 
@@ -252,6 +261,9 @@ class Channel(kombu_redis.Channel):
         room = min(self.qos.can_consume_max_estimate() or 0, POP_MORE_MAX)
         if room <= 0:
             return
+        if self._pop_more_skip > 0:
+            self._pop_more_skip -= 1
+            return
         me = leases.process_id()
         lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
         register = "" if leases.registered() else me
@@ -260,6 +272,11 @@ class Channel(kombu_redis.Channel):
                 type(self)._pop_more_script = client.register_script(POP_MORE)
             popped = self._pop_more_script(keys=[keys.process_in_hand(me), keys.PROCS, *lists],
                                            args=[room, register, leases.liveness_expiry_ms()], client=client)
+        if popped:
+            self._pop_more_backoff = 0
+        else:
+            self._pop_more_backoff = min(POP_MORE_SKIP_MAX, max(1, 2 * self._pop_more_backoff))
+            self._pop_more_skip = self._pop_more_backoff
         try:
             for i in range(0, len(popped), 2):
                 self._popped_in_hand = bytes_to_str(popped[i + 1])

@@ -86,3 +86,18 @@ def test_task_events_reach_an_event_receiver_whole_in_few_messages(start_worker,
     # Three events per task, one PUBLISH per event loop turn before (about one per event under
     # load); now a batch per 0.1 s. Worker heartbeats publish too (one per 2 s).
     assert publishes <= TASKS // 5, f"{publishes} PUBLISH calls for {TASKS} tasks ({3 * TASKS} events)"
+
+
+def test_a_lane_that_keeps_up_does_not_pay_for_looking_for_more(start_worker, rc):
+    lane, type_name = unique("flow-idle"), unique("flow-idle-echo")
+    define(type_name, lane=lane)
+    start_worker(lane, pool="threads", concurrency=8)
+    dispatch.delay(type_name, {"warm": True}).get(timeout=60)
+    before = calls(rc, "rpop")
+    n = 40
+    for i in range(n):
+        dispatch.delay(type_name, {"i": i}).get(timeout=60)  # one at a time: nothing more is ever waiting
+    rpops = calls(rc, "rpop") - before
+    # Looking for more after each pop would cost an RPOP per priority list (10) per task: 400 here.
+    # After a look that found nothing, the next ones are skipped (1, 2, 4, ... up to 16 pops).
+    assert rpops <= n * 3, f"{rpops} RPOP calls for {n} tasks taken one at a time"
