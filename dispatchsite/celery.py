@@ -17,7 +17,8 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
 
-app = Celery("dispatchsite")
+#: Task events are gathered and folded per task before they are published (tasks.worker_events).
+app = Celery("dispatchsite", events="tasks.worker_events:Events")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 
 #: Threads and checks every worker runs (see each class's docstring).

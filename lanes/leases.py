@@ -68,8 +68,10 @@ _unheld: dict[str, float] = {}
 _in_hand: dict[str, int] = {}
 #: Records acked or handed back since the last beat (to remove from the in-hand set).
 _out_of_hand: set[str] = set()
-#: Records popped while Redis did not take the in-hand entry (sent again each beat).
+#: Records popped and not yet written to the in-hand set (the lease thread writes them at once).
 _in_hand_unsent: set[str] = set()
+#: Set when a record is popped: wakes the lease thread to write it.
+_in_hand_wake = threading.Event()
 #: The process list as read at the last beat: (process id, expiry ms).
 _peers: list[tuple[str, float]] = []
 #: True once a beat of this process reached Redis: from then on its beat keeps its
@@ -130,30 +132,53 @@ def keep_alive() -> None:
     _ensure_thread()
 
 
-def take_in_hand(record: str) -> None:
-    """A worker main process popped ``record``'s message: name it in its in-hand set now.
+def take_in_hand(record: str, written: bool = False) -> None:
+    """A worker main process popped ``record``'s message: have it named in the process's in-hand set.
 
-    One round trip per popped message (kombu's stock transport spent one too,
-    recording it as unacked); the ack costs nothing (removed at the next beat).
-    The same call registers the process's liveness if it has none yet.
+    The lease thread writes it, woken at once and batching every record popped
+    meanwhile into one ``SADD``, so the event loop never waits on Redis for it:
+    with ``appendfsync always`` each write waits for an fsync, and one such
+    wait per popped message held ``make run``'s workers near 330 tasks/s. A
+    process killed between the pop and that write (about a round trip, as
+    between the pop and a synchronous write before) leaves the task to its
+    queued lease (docs/liveness.md). ``written``: the pop wrote it already
+    (``lanes.transport.POP_MORE``). The ack costs nothing (removed at the next beat).
     """
     with _lock:
         _in_hand[record] = _in_hand.get(record, 0) + 1
         _out_of_hand.discard(record)
+        if not written:
+            _in_hand_unsent.add(record)
     _ensure_thread()
+    if not written:
+        _in_hand_wake.set()
+
+
+def liveness_expiry_ms() -> int:
+    """The expiry a liveness entry written now carries (``keys.PROCS`` score)."""
+    return int((time.time() + LIVENESS_TTL_S) * 1000)
+
+
+def send_in_hand() -> None:
+    """Write the records popped since the last call into the in-hand set (one call; the lease thread's)."""
+    with _lock:
+        unsent = list(_in_hand_unsent)
+        _in_hand_unsent.clear()
+    if not unsent:
+        return
     me = process_id()
     try:
         if _beaten:
-            get_redis().sadd(keys.process_in_hand(me), record)
-        else:
+            get_redis().sadd(keys.process_in_hand(me), *unsent)
+        else:  # registers the process's liveness too, if no beat did yet
             pipe = get_redis().pipeline(transaction=False)
-            pipe.sadd(keys.process_in_hand(me), record)
-            pipe.zadd(keys.PROCS, {me: int((time.time() + LIVENESS_TTL_S) * 1000)}, nx=True)
+            pipe.sadd(keys.process_in_hand(me), *unsent)
+            pipe.zadd(keys.PROCS, {me: liveness_expiry_ms()}, nx=True)
             pipe.execute()
     except Exception:
         with _lock:
-            _in_hand_unsent.add(record)  # the next beat sends it again
-        logger.warning("in_hand_write_failed record=%s", record, exc_info=True)
+            _in_hand_unsent.update(r for r in unsent if r in _in_hand)  # the next call or beat sends them again
+        logger.warning("in_hand_write_failed records=%d", len(unsent), exc_info=True)
 
 
 def out_of_hand(record: str) -> None:
@@ -210,18 +235,23 @@ def _tend_forever() -> None:
     lease_s = settings.DISPATCH_LEASE_S
     renew_every = max(0.2, lease_s / 3)
     next_renewal = time.monotonic() + renew_every
-    next_beat = 0.0
+    next_beat = next_settle = 0.0
     while True:
-        if _settling:
-            settle_now()
+        _in_hand_wake.clear()
+        send_in_hand()
         now = time.monotonic()
+        if _settling and now >= next_settle:
+            next_settle = now + SETTLE_EVERY_S
+            settle_now()
         renew = now >= next_renewal
         if renew or now >= next_beat:
             if renew:
                 next_renewal = now + renew_every
             next_beat = now + LIVENESS_BEAT_S
             beat(lease_s, renew)
-        time.sleep(SETTLE_EVERY_S)
+        # Popped messages wake it at once; otherwise the next settle, beat or renewal.
+        wake_at = min(next_beat, next_renewal, next_settle if _settling else now + SETTLE_EVERY_S)
+        _in_hand_wake.wait(max(0.0, wake_at - time.monotonic()))
 
 
 def beat(lease_s: float, renew: bool) -> None:
@@ -320,8 +350,9 @@ def pid_exists(pid: int) -> bool:
 
 def _after_fork_in_child() -> None:
     # The parent's renewal thread does not exist in the child: start clean.
-    global _thread, _thread_pid, _beaten
+    global _thread, _thread_pid, _beaten, _in_hand_wake
     _beaten = False
+    _in_hand_wake = threading.Event()  # the parent's may be mid-use by its thread
     _running.clear()
     _settling.clear()
     _unheld.clear()

@@ -1,17 +1,25 @@
-"""The worker's consumer: Celery's, plus a dead letter for every message it cannot run.
+"""The worker's consumer: Celery's, plus a dead letter for every message it cannot run,
+and task events published in batches.
 
 Celery logs and drops undecodable (e.g. pickle), unknown and invalid messages;
 operators should see them, so each also becomes a ``malformed`` dead letter.
+
+With task events on (Flower), Celery publishes its event buffer on the event
+loop's next turn, under load nearly one Redis ``PUBLISH`` per event; here the
+loop publishes at most every ``EVENT_FLUSH_INTERVAL`` seconds
+(:mod:`tasks.worker_events` says why and what Flower sees).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 
 from celery.worker.consumer import Consumer as CeleryConsumer
 
 from tasks import dead_letters
+from tasks.worker_events import EVENT_FLUSH_INTERVAL
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +42,27 @@ def _record(message, why: str) -> None:
 
 
 class Consumer(CeleryConsumer):
+    _events_flush_due = False  # a flush is scheduled on the event loop
+    _events_flushed_at = 0.0
+
+    def on_send_event_buffered(self) -> None:
+        # Any thread (pool threads send task-started/succeeded). The flag is
+        # cleared before a flush reads the buffer, so an event appended after
+        # that read sees it clear and schedules the next flush: none is stranded.
+        if self.hub and not self._events_flush_due:
+            self._events_flush_due = True
+            self.hub.call_soon(self._flush_events_promise)
+
+    def _flush_events(self) -> None:
+        # The event loop's thread only (call_soon / call_later callbacks).
+        wait = self._events_flushed_at + EVENT_FLUSH_INTERVAL - time.monotonic()
+        if wait > 0 and self.hub:
+            self.hub.call_later(wait, self._flush_events_promise)
+            return
+        self._events_flush_due = False
+        self._events_flushed_at = time.monotonic()
+        super()._flush_events()
+
     def on_decode_error(self, message, exc):
         _record(message, f"cannot decode the message: {exc}")
         super().on_decode_error(message, exc)
