@@ -1,8 +1,9 @@
 """kombu's Redis transport, hardened: a message that is not even JSON cannot stop a worker,
 an ack lost to an unreachable Redis cannot either, and a message popped as a
-worker shuts down goes back to its queue; and lean: a platform task's message
-costs one Redis call between its pop and its ack (naming it in the worker's
-in-hand set, where a dead worker's popped messages are found: docs/liveness.md).
+worker shuts down goes back to its queue; and lean: between its pop and its ack
+a platform task's message costs at most a share of one batched Redis call
+(naming it in the worker's in-hand set, where a dead worker's popped messages
+are found: docs/liveness.md), and several messages come in one pop.
 
 Stock kombu keeps a copy of every delivered message in Redis (its unacked hash,
 one pipelined call on receipt, another on ack) so that it can hand it back
@@ -12,8 +13,9 @@ queued until the claim, renewed while it runs, and, once finished, until its
 result row is stored; the recovery sweep republishes it when a lease runs out,
 and the claim lets exactly one copy run. So a message marked as leased
 (``LEASED_HEADER``) is held in worker memory, its record named in the
-process's in-hand set as it is popped (``lanes.leases.take_in_hand``: one SADD
-instead of kombu's HSET and ZADD): the ack is free (the entry is removed at the
+process's in-hand set as it is popped (by ``POP_MORE`` itself, or by
+``lanes.leases.take_in_hand``: one batched SADD instead of kombu's HSET and
+ZADD per message): the ack is free (the entry is removed at the
 next liveness beat), and a message handed back (rejected, or held at shutdown)
 is pushed back from memory. Any other message (Celery's own tasks) keeps
 kombu's handling.
