@@ -112,6 +112,8 @@ class BenchOptions:
     sms_tps: float = 1000.0
     sms_latency_ms: float = 20.0
     redis_url: str | None = None
+    #: The database every process uses (a ``DATABASE_URL``); None: a scratch SQLite file.
+    database_url: str | None = None
     profile_dir: str | None = None
     timeout_s: float = 600.0
 
@@ -265,7 +267,8 @@ class Bench:
             self.redis_pid = self.redis.pid
             url = f"redis://:{password}@127.0.0.1:{port}/0"
         self.env = {
-            **os.environ, "REDIS_URL": url, "DATABASE_URL": f"sqlite:///{self.tmp / 'bench.sqlite3'}",
+            **os.environ, "REDIS_URL": url,
+            "DATABASE_URL": self.o.database_url or f"sqlite:///{self.tmp / 'bench.sqlite3'}",
             "DISPATCH_SECRETS_FILE": str(self.tmp / "secrets.json"),
             # An overlay settings module (``from dispatchsite.settings import *`` plus changes) may be set to
             # measure a proposed change side by side.

@@ -369,6 +369,40 @@ def check_applied(
     return Verdict.of(check(ops, deliveries, dead, repeat_is_duplicate=True), examples)
 
 
+@dataclass(frozen=True)
+class RowWritten:
+    """A record the handler wrote for one message (the SMS demo's ``SmsMessage`` row): its key, task and time."""
+
+    key: str
+    task_id: str
+    at_ms: float  # when it was written (epoch ms)
+
+
+def check_rows(sent: Iterable[Sent], rows: Sequence[RowWritten], dead_task_ids: Iterable[str] = (),
+               held: set[str] | frozenset = frozenset(), examples: int = 5) -> Verdict:
+    """Account for every accepted message by the one row its handler writes: :func:`check` on the rows.
+
+    A message with no row is lost unless it is a dead letter, or its task is
+    still ``held`` by the platform (then it is pending: ``report.stuck``). A
+    second row of a key, or a row written by a task other than the one
+    admission answered for that key (the message ran as two tasks), is a
+    duplicate; a row of a key never accepted is unknown. Messages promise no
+    order among themselves: each is its own "chat" here.
+    """
+    sent = list(sent)
+    ops = [Op(s.key, 0, s.key, s.accepted, s.task_id or "", s.reason or "") for s in sent]
+    deliveries = [Delivery(r.key, r.task_id, r.key, 0, 200, r.at_ms, r.at_ms) for r in rows]
+    report = check(ops, deliveries, dict.fromkeys(dead_task_ids, "dead letter"), held=held,
+                   repeat_is_duplicate=True)
+    task_of = {s.key: s.task_id for s in sent if s.accepted and s.task_id}
+    for r in rows:
+        if r.key in task_of and r.task_id != task_of[r.key]:
+            report.duplicate_effects += 1
+            report.duplicate_keys.append(r.key)
+            report.example("duplicate_effects", {"key": r.key, "tasks": [task_of[r.key], r.task_id]})
+    return Verdict.of(report, examples)
+
+
 def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> dict[str, float | None]:
     """Nearest-rank percentiles, keyed ``p50`` etc.; None for an empty sample."""
     ordered = sorted(values)

@@ -6,7 +6,8 @@ answers, after ``latency_ms``, one result per message in order: ``accepted`` (wi
 later) or ``rejected`` (a number that is not ``+`` and digits). A key it accepted
 before is accepted again with the same ``submit_id`` and counted as a
 duplicate, never submitted twice: a sender may re-send safely after any partial
-failure. ``GET /stats`` returns the counts.
+failure. ``GET /stats`` returns the counts; ``GET /stats?prefix=P`` also counts the
+accepted keys that start with ``P`` (``accepted_with_prefix``: one load step's messages).
 
 Run it alone: ``python -m tools.sms_supplier --port 18123 --tps 500 --latency-ms 20``.
 """
@@ -20,6 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
 
 
 @dataclass
@@ -62,10 +64,13 @@ class Supplier:
             self._buckets[channel] = (tokens, now)
         return results
 
-    def stats(self) -> dict:
+    def stats(self, prefix: str | None = None) -> dict:
         with self.lock:
-            return {"accepted": len(self.accepted), "duplicates": self.duplicates, "throttled": self.throttled,
-                    "rejected": self.rejected, "requests": self.requests}
+            out = {"accepted": len(self.accepted), "duplicates": self.duplicates, "throttled": self.throttled,
+                   "rejected": self.rejected, "requests": self.requests}
+            if prefix is not None:
+                out["accepted_with_prefix"] = sum(1 for key in self.accepted if key.startswith(prefix))
+            return out
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -81,7 +86,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._answer(400, {"error": f"bad request: {exc!r}"})
 
     def do_GET(self) -> None:
-        self._answer(200, self.server.supplier.stats())  # type: ignore[attr-defined]
+        prefix = parse_qs(urlsplit(self.path).query).get("prefix")
+        self._answer(200, self.server.supplier.stats(prefix[0] if prefix else None))  # type: ignore[attr-defined]
 
     def _answer(self, status: int, body: dict) -> None:
         data = json.dumps(body).encode()
