@@ -66,36 +66,47 @@ DRAIN_POLL_S = 0.2
 Progress = Callable[[str], None]
 
 
+def default_bench() -> BenchOptions:
+    """The run's environment as ``manage.py benchmark`` makes it, shaped for the SMS demo.
+
+    Its workers (``instances`` x ``celery -P io_pool -c io_concurrency``, the same
+    for both modes), the supplier (``sms_channels`` the messages spread over,
+    ``sms_tps`` messages/s per channel, ``sms_latency_ms`` per request),
+    ``redis_url`` (None: start one) and ``database_url`` (None: a scratch SQLite file).
+    """
+    return BenchOptions(workloads=["sms"], instances=2, io_pool="threads", io_concurrency=8)
+
+
 @dataclass
 class SmsLoadOptions:
+    #: The rates offered in turn (msg/s), each for ``step_seconds``.
     steps: list[int] = field(default_factory=lambda: [50, 100, 200, 300, 500, 1000])
     step_seconds: float = 15.0
+    #: ``batched`` (``sms.submit``), ``single`` (``sms.submit_one``), or both, in that order.
     modes: list[str] = field(default_factory=lambda: ["batched"])
-    #: Worker processes per mode, their Celery pool and its concurrency (the same for both modes).
-    instances: int = 2
-    pool: str = "threads"
-    concurrency: int = 8
+    #: Generator threads (the load test's open-loop senders).
     senders: int = 4
-    #: The simulated supplier: channels the messages spread over, messages/s per channel, ms per request.
-    channels: int = 6
-    supplier_tps: float = 1000.0
-    supplier_latency_ms: float = 20.0
+    #: Seconds after a step within which every message must have its row; then seconds more before giving up.
     drain_limit_s: float = 10.0
     settle_s: float = 30.0
+    #: False: run a mode's later steps after a failed one.
     stop_on_fail: bool = True
     #: > 0: delete 1 in N of each step's rows after it drained, before the check (proves the check fails).
     drop_rows_every: int = 0
-    redis_url: str | None = None
-    database_url: str | None = None
+    bench: BenchOptions = field(default_factory=default_bench)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SmsLoadOptions:
+        return cls(**{**data, "bench": BenchOptions(**data["bench"])})
 
 
 @dataclass
 class SmsStep:
-    rate: int
-    seconds: float = 0.0
-    sent: int = 0
-    accepted: int = 0
-    offered_per_s: float = 0.0
+    rate: int  # the step's target, msg/s
+    seconds: float = 0.0  # how long the load ran
+    sent: int = 0  # dispatches made
+    accepted: int = 0  # of which admission accepted
+    offered_per_s: float = 0.0  # sent / seconds
     accepted_per_s: float = 0.0
     completed_during_per_s: float = 0.0  # distinct messages whose row was written during the step, per second
     backlog_at_end: int = 0  # accepted without a row when the step's load ended
@@ -154,16 +165,13 @@ class SmsLoad:
     def __init__(self, options: SmsLoadOptions, progress: Progress | None = None) -> None:
         self.o = options
         self.progress = progress or (lambda line: None)
-        self.bench = Bench(BenchOptions(
-            workloads=["sms"], systems=[MODES[m] for m in options.modes], instances=options.instances,
-            io_pool=options.pool, io_concurrency=options.concurrency, sms_channels=options.channels,
-            sms_tps=options.supplier_tps, sms_latency_ms=options.supplier_latency_ms, redis_url=options.redis_url,
-            database_url=options.database_url), self.progress)
+        options.bench.workloads, options.bench.systems = ["sms"], [MODES[m] for m in options.modes]
+        self.bench = Bench(options.bench, self.progress)
 
     def run(self) -> SmsLoadReport:
         started = time.monotonic()
         report = SmsLoadReport(options=asdict(self.o), machine=machine_info(),
-                               database=_vendor(self.o.database_url))
+                               database=_vendor(self.o.bench.database_url))
         self.progress(f"smsload: database {report.database}, load average {report.machine['loadavg_at_start']}")
         self.bench.setup()
         try:
@@ -252,7 +260,7 @@ def drive(spec: dict, progress: Progress | None = None) -> dict:
 
     if not django.apps.apps.ready:  # pragma: no cover - manage.py has set Django up
         django.setup()
-    o = SmsLoadOptions(**spec["options"])
+    o = SmsLoadOptions.from_dict(spec["options"])
     driver = _Driver(o, spec["mode"], spec["type"], spec["supplier"], spec.get("probe_dir"),
                      progress or (lambda line: None))
     steps = []
@@ -283,7 +291,8 @@ class _Driver:
         plans: list[list[loadgen.Message]] = [[] for _ in range(max(1, o.senders))]
         for i in range(n):
             key = f"{prefix}{i}"
-            payload = {"to": f"+86138{i:08d}", "channel": f"ch{i % o.channels}", "text": "verification code 1234"}
+            payload = {"to": f"+86138{i:08d}", "channel": f"ch{i % o.bench.sms_channels}",
+                       "text": "verification code 1234"}
             # Each message is its own "chat" to the checker (no order among SMS); none is sent with a chat id.
             plans[i % len(plans)].append(loadgen.Message(i, self.type_name, key, 0, key, payload))
         results: list[Sent] = []

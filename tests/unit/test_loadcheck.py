@@ -80,3 +80,22 @@ def test_step_passes_only_when_clean_and_drained_in_time():
     bad = check(s, [], {})
     ok, why = step_passed(bad, True, 0.1, 10)
     assert not ok and "1 lost" in why
+
+
+def test_check_rows_accounts_for_every_message_by_its_row():
+    from tools.loadcheck import RowWritten, check_rows
+
+    s = [Sent(f"k{i}", f"k{i}", 0, True, f"t{i}") for i in range(4)] + [Sent("k9", "k9", 0, False, None, "lane_full")]
+    rows = [RowWritten("k0", "t0", 1.0), RowWritten("k2", "t2", 2.0), RowWritten("k3", "t3", 3.0)]
+    clean = check_rows(s[:1] + s[2:], rows)
+    assert (clean.accepted, clean.applied, clean.lost, clean.duplicates, clean.unknown) == (3, 3, 0, 0, 0)
+    v = check_rows(s, rows)
+    assert v.lost == 1 and v.lost_keys == ["k1"] and not v.clean  # accepted, no row, not dead, not held
+    assert check_rows(s, rows, dead_task_ids={"t1"}).clean  # a dead letter is accounted for
+    held = check_rows(s, rows, held={"t1"})
+    assert held.lost == 0 and held.report.stuck == 1  # still held by the platform: pending, not lost
+    # A key written twice, a row written by another task than admission's, a row never accepted.
+    bad = check_rows(s[:1] + s[2:], [*rows, RowWritten("k0", "t0", 4.0), RowWritten("k9", "t9", 5.0)])
+    assert bad.duplicates == 1 and bad.unknown == 1
+    other = check_rows(s[:1], [RowWritten("k0", "t-other", 1.0)])
+    assert other.duplicates == 1 and other.duplicate_keys == ["k0"]

@@ -13,7 +13,8 @@ from tools import loadtest
 _DEFAULTS = loadtest.LoadTestOptions()
 
 
-def _int_list(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
+    """``--steps``: comma-separated positive rates (``manage.py smsload`` reads its own the same way)."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -93,7 +94,7 @@ class Command(BaseCommand):
             except loadtest.LoadTestError as exc:
                 raise CommandError(str(exc)) from None
         options = loadtest.LoadTestOptions(
-            steps=_int_list(opts["steps"]), step_seconds=opts["step_seconds"], chats=max(1, opts["chats"]),
+            steps=int_list(opts["steps"]), step_seconds=opts["step_seconds"], chats=max(1, opts["chats"]),
             latency_ms=opts["latency_ms"], fail_rate=opts["fail_rate"], type_name=type_name,
             drain_limit_s=opts["drain_limit"], settle_s=opts["settle"], senders=max(1, opts["senders"]),
             drop_every=max(0, opts["drop_every"]), stop_on_fail=not opts["keep_going"],

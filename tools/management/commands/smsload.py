@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -10,60 +11,52 @@ from django.core.management.base import BaseCommand, CommandError
 
 from tasks.output import HelpFormatter, dumps, table
 from tools import smsload
+from tools.management.commands.loadtest import int_list
 
 _DEFAULTS = smsload.SmsLoadOptions()
 
 
-def _steps(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise CommandError(f"--steps must be comma-separated integers, not {text!r}") from None
-    if not values or min(values) <= 0:
-        raise CommandError("--steps needs at least one positive rate")
-    return values
+#: The numeric options: flag, field (of SmsLoadOptions, else of its BenchOptions), type, help.
+NUMBERS = [
+    ("--step-seconds", "step_seconds", float, "how long each step lasts"),
+    ("--instances", "instances", int, "worker processes (Celery main processes) per mode"),
+    ("--concurrency", "io_concurrency", int, "pool size of each worker process"),
+    ("--senders", "senders", int, "generator threads"),
+    ("--channels", "sms_channels", int, "supplier channels the messages spread over"),
+    ("--supplier-tps", "sms_tps", float, "messages/s each supplier channel accepts"),
+    ("--supplier-latency-ms", "sms_latency_ms", float, "milliseconds each supplier request takes"),
+    ("--drain-limit", "drain_limit_s", float, "seconds after a step's end within which every message has its row"),
+    ("--settle", "settle_s", float, "extra seconds to wait for a late step before accounting for it"),
+    ("--drop-rows-every", "drop_rows_every", int, "delete 1 in N of each step's rows before the check (proves the "
+                                                  "check fails; 0: never)"),
+]
+_OWN = {f.name for f in dataclasses.fields(smsload.SmsLoadOptions)}
+
+
+def _default(dest: str):
+    return getattr(_DEFAULTS if dest in _OWN else _DEFAULTS.bench, dest)
 
 
 class Command(BaseCommand):
     help = (
-        "Seed 004's acceptance on this machine: the SMS demo (sms.submit batched, sms.submit_one unbatched) "
-        "stepped through --steps msg/s, each for --step-seconds. Starts its own Redis (or --redis-url), the "
-        "simulated supplier and the workers; uses DATABASE_URL (a scratch SQLite file when unset), where it "
-        "creates the bench.sms and bench.sms_one types. A step passes when, during the step, rows are written "
-        "at >= 97% of the offered rate, the backlog at its end is under one second of offered load, it drains "
-        "within --drain-limit, and every message is accounted for: one SmsMessage row per accepted message "
-        "(or a dead letter), none twice, none unknown, and the supplier's count of the step's messages equal to "
-        "the rows. Exit 0 when every step passes, 1 when a step fails, 3 when a message was lost, duplicated or "
-        "unknown."
+        "Seed 004's acceptance: the SMS demo stepped through --steps msg/s (sms.submit batched, sms.submit_one "
+        "unbatched, or both side by side), on DATABASE_URL (a scratch SQLite file when unset), with its own Redis, "
+        "supplier and workers; a step passes by the load test's rule with every message accounted for (one "
+        "SmsMessage row each, the supplier agreeing). Exit 0 all passed, 1 a step failed, 3 a message lost, "
+        "duplicated or unknown. See tools/smsload.py."
     )
 
-    def create_parser(self, prog_name, subcommand, **kwargs):
-        return super().create_parser(prog_name, subcommand, formatter_class=HelpFormatter, **kwargs)
-
     def add_arguments(self, parser):
+        parser.formatter_class = HelpFormatter  # defaults shown in --help
         parser.add_argument("--mode", choices=["batched", "single", "both"], default="batched",
                             help="sms.submit (batched), sms.submit_one (one message per task), or both in turn "
                                  "with the same steps, side by side")
         parser.add_argument("--steps", default=",".join(map(str, _DEFAULTS.steps)), help="rates in msg/s")
-        parser.add_argument("--step-seconds", type=float, default=_DEFAULTS.step_seconds)
-        parser.add_argument("--instances", type=int, default=_DEFAULTS.instances,
-                            help="worker processes (Celery main processes) per mode")
-        parser.add_argument("--pool", default=_DEFAULTS.pool, help="the workers' Celery pool")
-        parser.add_argument("--concurrency", type=int, default=_DEFAULTS.concurrency, help="per worker process")
-        parser.add_argument("--senders", type=int, default=_DEFAULTS.senders, help="generator threads")
-        parser.add_argument("--channels", type=int, default=_DEFAULTS.channels,
-                            help="supplier channels the messages spread over")
-        parser.add_argument("--supplier-tps", type=float, default=_DEFAULTS.supplier_tps,
-                            help="messages/s each supplier channel accepts")
-        parser.add_argument("--supplier-latency-ms", type=float, default=_DEFAULTS.supplier_latency_ms,
-                            help="milliseconds each supplier request takes")
-        parser.add_argument("--drain-limit", type=float, default=_DEFAULTS.drain_limit_s,
-                            help="seconds after a step's end within which every message must have its row")
-        parser.add_argument("--settle", type=float, default=_DEFAULTS.settle_s,
-                            help="extra seconds to wait for a late step before accounting for it")
+        for flag, dest, kind, text in NUMBERS:
+            parser.add_argument(flag, dest=dest, type=kind, default=_default(dest), help=text,
+                                metavar="N" if kind is int else "X")
+        parser.add_argument("--pool", dest="io_pool", default=_DEFAULTS.bench.io_pool, help="the workers' Celery pool")
         parser.add_argument("--keep-going", action="store_true", help="run a mode's later steps after a failed one")
-        parser.add_argument("--drop-rows-every", type=int, default=0, metavar="N",
-                            help="delete 1 in N of each step's rows before the check (proves the check fails)")
         parser.add_argument("--redis-url", help="a scratch Redis to use instead of starting one (it is FLUSHDB'd)")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
         parser.add_argument("--role", choices=["drive"], help=argparse.SUPPRESS)
@@ -73,20 +66,18 @@ class Command(BaseCommand):
         if opts["role"] == "drive":
             self.stdout.write(json.dumps(smsload.drive(json.loads(opts["spec"]), self._progress)))
             return
-        for name in ("instances", "concurrency", "senders", "channels"):
-            if opts[name] < 1:
-                raise CommandError(f"--{name} must be 1 or more")
-        if opts["drop_rows_every"] < 0:
-            raise CommandError("--drop-rows-every must be 0 or more")
+        for flag, dest, _, _ in NUMBERS:
+            if opts[dest] < (0 if dest == "drop_rows_every" else 1e-9):
+                raise CommandError(f"{flag} must be {'0 or more' if dest == 'drop_rows_every' else 'positive'}")
         options = smsload.SmsLoadOptions(
-            steps=_steps(opts["steps"]), step_seconds=opts["step_seconds"],
-            modes=list(smsload.MODES) if opts["mode"] == "both" else [opts["mode"]],
-            instances=opts["instances"], pool=opts["pool"], concurrency=opts["concurrency"],
-            senders=opts["senders"], channels=opts["channels"], supplier_tps=opts["supplier_tps"],
-            supplier_latency_ms=opts["supplier_latency_ms"], drain_limit_s=opts["drain_limit"],
-            settle_s=opts["settle"], stop_on_fail=not opts["keep_going"], drop_rows_every=opts["drop_rows_every"],
-            redis_url=opts["redis_url"], database_url=smsload.default_database_url(),
-        )
+            steps=int_list(opts["steps"]), modes=list(smsload.MODES) if opts["mode"] == "both" else [opts["mode"]],
+            stop_on_fail=not opts["keep_going"], **{dest: opts[dest] for _, dest, _, _ in NUMBERS if dest in _OWN})
+        bench = options.bench
+        bench.io_pool, bench.redis_url, bench.database_url = opts["io_pool"], opts["redis_url"], \
+            smsload.default_database_url()
+        for _, dest, _, _ in NUMBERS:
+            if dest not in _OWN:
+                setattr(bench, dest, opts[dest])
         report = smsload.SmsLoad(options, self._progress).run()
         if opts["json"]:
             self.stdout.write(dumps(report.as_dict()))
