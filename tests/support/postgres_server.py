@@ -1,4 +1,8 @@
-"""A throwaway PostgreSQL server (Debian's binaries) on a free loopback port."""
+"""A throwaway PostgreSQL server (Debian's binaries) on a free loopback port.
+
+Alone, for a measurement (``manage.py smsload``): ``python -m tests.support.postgres_server [--fsync]``
+prints its ``DATABASE_URL`` and runs until SIGTERM or Ctrl-C, then removes its files.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +24,9 @@ def find_bindir() -> Path | None:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, fsync: bool = False) -> None:
+        #: Off for tests (nothing to keep); on to measure as a real server commits (manage.py smsload's runs).
+        self.fsync = fsync
         self.bindir = find_bindir()
         assert self.bindir, "PostgreSQL binaries not found"
         # Its own world-traversable folder: the server runs as the postgres user.
@@ -47,7 +53,8 @@ class PostgresServer:
                         "-U", "postgres", "-E", "UTF8"], check=True, capture_output=True)
         self.proc = subprocess.Popen(
             [*self._as_postgres(), str(self.bindir / "postgres"), "-D", str(self.data_dir), "-p", str(self.port),
-             "-k", str(self.data_dir), "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
+             "-k", str(self.data_dir), "-c", "listen_addresses=127.0.0.1",
+             "-c", f"fsync={'on' if self.fsync else 'off'}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         import psycopg
@@ -71,3 +78,27 @@ class PostgresServer:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def main() -> None:
+    import argparse
+    import signal
+    import sys
+
+    parser = argparse.ArgumentParser(description="A throwaway PostgreSQL on loopback until SIGTERM / Ctrl-C")
+    parser.add_argument("--fsync", action="store_true", help="commit to disk as a real server does (default: off)")
+    server = PostgresServer(fsync=parser.parse_args().fsync).start()
+    print(server.url, flush=True)
+
+    def stop(*_: object) -> None:
+        server.stop()
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    while True:
+        signal.pause()
+
+
+if __name__ == "__main__":
+    main()
