@@ -157,6 +157,12 @@ class SmsLoadReport:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict) -> SmsLoadReport:
+        """A report saved with ``--json``, to print its tables again (``--show``)."""
+        modes = [ModeReport(**{**m, "steps": [SmsStep(**s) for s in m["steps"]]}) for m in data["modes"]]
+        return cls(**{**data, "modes": modes})
+
 
 # -- the orchestrator ------------------------------------------------------
 class SmsLoad:

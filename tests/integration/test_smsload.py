@@ -58,6 +58,15 @@ def test_both_modes_on_sqlite_account_for_every_message(tmp_path):
         rows_by_run = {m["run"]: conn.execute("SELECT key, task_id FROM tools_smsmessage WHERE key LIKE ?",
                                               (m["run"] + "-%",)).fetchall() for m in report["modes"]}
     assert_every_message_has_one_row(report, rows_by_run)
+    # The saved JSON prints as the table again: both modes' steps, then side by side with the ratio.
+    saved = tmp_path / "report.json"
+    saved.write_text(json.dumps(report))
+    shown = subprocess.run([sys.executable, "manage.py", "smsload", "--show", str(saved)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    lines = shown.stdout.splitlines()
+    assert sum(line.startswith(("batched ", "single ")) for line in lines) == 4, shown.stdout
+    assert any(line.split()[:1] == ["40"] for line in lines) and "batched/single" in shown.stdout, shown.stdout
 
 
 @pytest.mark.skipif(find_bindir() is None and not os.environ.get("CI"),

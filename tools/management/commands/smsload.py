@@ -59,12 +59,17 @@ class Command(BaseCommand):
         parser.add_argument("--keep-going", action="store_true", help="run a mode's later steps after a failed one")
         parser.add_argument("--redis-url", help="a scratch Redis to use instead of starting one (it is FLUSHDB'd)")
         parser.add_argument("--json", action="store_true", help="print the report as JSON")
+        parser.add_argument("--show", metavar="FILE.json", help="print the tables of a report saved with --json")
         parser.add_argument("--role", choices=["drive"], help=argparse.SUPPRESS)
         parser.add_argument("--spec", help=argparse.SUPPRESS)
 
     def handle(self, *args, **opts):
         if opts["role"] == "drive":
             self.stdout.write(json.dumps(smsload.drive(json.loads(opts["spec"]), self._progress)))
+            return
+        if opts["show"]:
+            with open(opts["show"]) as fh:
+                self._print(smsload.SmsLoadReport.from_dict(json.load(fh)))
             return
         for flag, dest, _, _ in NUMBERS:
             if opts[dest] < (0 if dest == "drop_rows_every" else 1e-9):
@@ -82,13 +87,16 @@ class Command(BaseCommand):
         if opts["json"]:
             self.stdout.write(dumps(report.as_dict()))
         else:
-            self.stdout.write(table(smsload.table_rows(report), smsload.TABLE_COLUMNS))
-            both = smsload.side_by_side(report)
-            if both:
-                self.stdout.write(table(both, smsload.SIDE_BY_SIDE_COLUMNS))
-            self.stdout.write(smsload.summary(report))
+            self._print(report)
         if report.exit_code:
             raise SystemExit(report.exit_code)
+
+    def _print(self, report: smsload.SmsLoadReport) -> None:
+        self.stdout.write(table(smsload.table_rows(report), smsload.TABLE_COLUMNS))
+        both = smsload.side_by_side(report)
+        if both:
+            self.stdout.write(table(both, smsload.SIDE_BY_SIDE_COLUMNS))
+        self.stdout.write(smsload.summary(report))
 
     def _progress(self, line: str) -> None:
         sys.stderr.write(line + "\n")
