@@ -41,6 +41,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from tools.benchmark import ROOT, SMS_TYPES, Bench, BenchOptions, machine_info
 from tools.loadcheck import (
@@ -176,7 +177,10 @@ class SmsLoad:
 
     def run(self) -> SmsLoadReport:
         started = time.monotonic()
-        report = SmsLoadReport(options=asdict(self.o), machine=machine_info(),
+        options = asdict(self.o)
+        for name in ("database_url", "redis_url"):
+            options["bench"][name] = _redacted(options["bench"][name])
+        report = SmsLoadReport(options=options, machine=machine_info(),
                                database=_vendor(self.o.bench.database_url))
         self.progress(f"smsload: database {report.database}, load average {report.machine['loadavg_at_start']}")
         self.bench.setup()
@@ -237,6 +241,16 @@ def _kill_group(proc: subprocess.Popen) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait(timeout=10)
+
+
+def _redacted(url: str | None) -> str | None:
+    """``url`` without its password: a report is meant to be shared."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
 
 
 def _vendor(url: str | None) -> str:
