@@ -59,6 +59,7 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
+from redis.commands.core import Script
 
 from lanes import keys, leases
 from lanes.signals import message_unreadable
@@ -217,7 +218,7 @@ class Channel(kombu_redis.Channel):
             if transport is not None:
                 transport.closing_channel = None
 
-    _pop_more_script = None
+    _pop_more_script: Script | None = None
     #: Pops left before POP_MORE is tried again, and the next skip (both grow while it finds nothing).
     _pop_more_skip = 0
     _pop_more_backoff = 0
@@ -270,10 +271,11 @@ class Channel(kombu_redis.Channel):
         lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
         register = "" if leases.registered() else me
         with self.conn_or_acquire() as client:
-            if self._pop_more_script is None:
-                type(self)._pop_more_script = client.register_script(POP_MORE)
-            popped = self._pop_more_script(keys=[keys.process_in_hand(me), keys.PROCS, *lists],
-                                           args=[room, register, leases.liveness_expiry_ms()], client=client)
+            pop_more = self._pop_more_script
+            if pop_more is None:
+                pop_more = type(self)._pop_more_script = client.register_script(POP_MORE)
+            popped = pop_more(keys=[keys.process_in_hand(me), keys.PROCS, *lists],
+                              args=[room, register, leases.liveness_expiry_ms()], client=client)
         if popped:
             self._pop_more_backoff = 0
         else:

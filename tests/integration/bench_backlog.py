@@ -75,7 +75,9 @@ def test_backlog_bench(rc):
     back_type, back_lane = unique("bb-back"), unique("l-bb-back")
     define(probe_type, lane=probe_lane, capacity=10_000_000)
     define(back_type, lane=back_lane, capacity=10_000_000)
-    shas = {"sweep": script("sweep").sha, "reclaim": script("reclaim").sha}
+    # Every script the probe and the maintenance loop run: a slow sweep call is read against the
+    # others' (Redis 6.2 steps Lua's garbage collector inside every 50th script call, whichever it is).
+    shas = {name: script(name).sha for name in ("sweep", "reclaim", "admit", "promote", "expire", "audit")}
     rc.config_set("slowlog-log-slower-than", 1000)
     stopping = threading.Event()
     passes = {"n": 0}
@@ -101,9 +103,10 @@ def test_backlog_bench(rc):
     print(f"\nbacklog {BACKLOG} waiting past every lease on {back_lane} ({rc.llen(queue)} in its list, "
           f"{parked} parked by the sweep); maintenance passes {passes['n']}")
     print(f"probe {PROBE_RATE}/s x {PROBE_S}s, no backlog: {percentiles(before)} ms; "
-          f"sweep/reclaim calls over 1 ms: { {k: len(v) for k, v in slow_before.items()} }")
+          f"script calls over 1 ms: { {k: len(v) for k, v in slow_before.items()} }")
     print(f"probe {PROBE_RATE}/s x {PROBE_S}s, with backlog: {percentiles(during)} ms; "
-          f"sweep/reclaim calls over 1 ms: { {k: (len(v), max(v, default=0)) for k, v in slow_during.items()} }")
+          f"script calls over 1 ms (count, longest ms): "
+          f"{ {k: (len(v), max(v, default=0)) for k, v in slow_during.items()} }")
     pipe = rc.pipeline(transaction=False)
     for i in range(0, len(records), 1000):
         pipe.delete(*records[i:i + 1000])

@@ -10,12 +10,15 @@ work that way). These count the calls against the messages.
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
+import pytest
 from celery import current_app
 from django_celery_results.models import TaskResult
 
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, unique, wait_until
+from tests.support.workers import Worker
 
 TASKS = 300
 
@@ -24,32 +27,15 @@ def calls(rc, command: str) -> int:
     return int(rc.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
-def queue_then_drain(start_worker, rc, lane: str, type_name: str, env: dict[str, str] | None = None) -> list[str]:
-    ids = []
-    for i in range(TASKS):
-        result = dispatch.delay(type_name, {"i": i})
-        assert result.accepted, result
-        ids.append(result.task_id)
-    start_worker(lane, pool="threads", concurrency=8, env=env)
-    wait_until(lambda: TaskResult.objects.filter(task_id__in=ids, status="SUCCESS").count() == TASKS, timeout=120,
-               what=f"{TASKS} results stored")
-    return ids
+@pytest.fixture(scope="module")
+def drained(redis_server, tmp_root):
+    """One threads worker (task events on) drains a backlog of TASKS queued before it started.
 
-
-def test_a_worker_takes_a_backlog_in_far_fewer_pops_than_messages(start_worker, rc):
+    Yields what the three tests read: Redis calls counted over the drain, the tasks as an event
+    receiver saw them, and the worker's lane and type, still served, for the last test.
+    """
+    rc = redis_server.client()
     lane, type_name = unique("flow"), unique("flow-echo")
-    define(type_name, lane=lane)
-    before = calls(rc, "brpop")
-    queue_then_drain(start_worker, rc, lane, type_name)
-    pops = calls(rc, "brpop") - before
-    # One BRPOP per message before (300); now each BRPOP that delivers is followed by one call that
-    # takes what the prefetch window (8 here) has room for: 2-4 messages a call with no-op tasks (103 BRPOPs
-    # measured). Idle BRPOPs (1 s timeout) add a few.
-    assert pops <= TASKS // 2, f"{pops} BRPOP calls for {TASKS} messages"
-
-
-def test_task_events_reach_an_event_receiver_whole_in_few_messages(start_worker, rc):
-    lane, type_name = unique("flow-ev"), unique("flow-ev-echo")
     define(type_name, lane=lane)
     app = current_app
     state = app.events.State()
@@ -64,39 +50,62 @@ def test_task_events_reach_an_event_receiver_whole_in_few_messages(start_worker,
         thread = threading.Thread(target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False),
                                   daemon=True)
         thread.start()  # subscribed long before the worker below is ready and sends its first event
-        before = calls(rc, "publish")
+        worker = None
         try:
-            ids = queue_then_drain(start_worker, rc, lane, type_name, env={"CELERY_WORKER_SEND_TASK_EVENTS": "true"})
+            ids = []
+            for i in range(TASKS):
+                result = dispatch.delay(type_name, {"i": i})
+                assert result.accepted, result
+                ids.append(result.task_id)
+            before = {c: calls(rc, c) for c in ("brpop", "publish")}
+            worker = Worker(lane, tmp_root / "logs", pool="threads", concurrency=8,
+                            env={"CELERY_WORKER_SEND_TASK_EVENTS": "true"}).start()
+            wait_until(lambda: TaskResult.objects.filter(task_id__in=ids, status="SUCCESS").count() == TASKS,
+                       timeout=120, what=f"{TASKS} results stored")
+            pops = calls(rc, "brpop") - before["brpop"]
 
             def all_seen() -> bool:
                 with lock:
                     return sum(1 for t in ids if (task := state.tasks.get(t)) and task.state == "SUCCESS") == TASKS
 
             wait_until(all_seen, timeout=30, what="every task seen by the receiver as SUCCESS")
-            publishes = calls(rc, "publish") - before
+            publishes = calls(rc, "publish") - before["publish"]
         finally:
             receiver.should_stop = True
             thread.join(timeout=10)
-    with lock:
-        tasks = [state.tasks[t] for t in ids]
+        with lock:
+            tasks = [state.tasks[t] for t in ids]
+        try:
+            yield SimpleNamespace(pops=pops, publishes=publishes, tasks=tasks, lane=lane, type_name=type_name)
+        finally:
+            if worker is not None:
+                worker.stop(timeout=20)
+
+
+def test_a_worker_takes_a_backlog_in_far_fewer_pops_than_messages(drained):
+    # One BRPOP per message before (301 for 300); now each BRPOP that delivers is followed by one
+    # call that takes what the prefetch window (8 here) has room for: 2-4 messages a call with
+    # no-op tasks (103 BRPOPs measured). Idle BRPOPs (1 s timeout) add a few.
+    assert drained.pops <= TASKS // 2, f"{drained.pops} BRPOP calls for {TASKS} messages"
+
+
+def test_task_events_reach_an_event_receiver_whole_in_few_messages(drained):
     # What Flower lists for each task: its name and arguments (from the received event), when it
     # was received and started, and how long it ran, all there although events were folded.
+    tasks = drained.tasks
     assert all(t.name and t.kwargs and t.received and t.started and t.runtime is not None for t in tasks), \
         [vars(t) for t in tasks if not (t.name and t.received and t.started)][:3]
-    # Three events per task, one PUBLISH per event loop turn before (about one per event under
-    # load); now a batch per 0.1 s. Worker heartbeats publish too (one per 2 s).
-    assert publishes <= TASKS // 5, f"{publishes} PUBLISH calls for {TASKS} tasks ({3 * TASKS} events)"
+    # Three events per task, one PUBLISH per event loop turn before (587 for 300 tasks); now a
+    # batch per 0.1 s. Worker heartbeats publish too (one per 2 s).
+    assert drained.publishes <= TASKS // 5, f"{drained.publishes} PUBLISH calls for {TASKS} tasks"
 
 
-def test_a_lane_that_keeps_up_does_not_pay_for_looking_for_more(start_worker, rc):
-    lane, type_name = unique("flow-idle"), unique("flow-idle-echo")
-    define(type_name, lane=lane)
-    start_worker(lane, pool="threads", concurrency=8)
-    dispatch.delay(type_name, {"warm": True}).get(timeout=60)
+def test_a_lane_that_keeps_up_does_not_pay_for_looking_for_more(drained, rc):
+    dispatch.delay(drained.type_name, {"warm": True}).get(timeout=60)
     before = calls(rc, "rpop")
     n = 40
     for i in range(n):
-        dispatch.delay(type_name, {"i": i}).get(timeout=60)  # one at a time: nothing more is ever waiting
+        dispatch.delay(drained.type_name, {"i": i}).get(timeout=60)  # one at a time: nothing more is waiting
     rpops = calls(rc, "rpop") - before
     # Looking for more after each pop would cost an RPOP per priority list (10) per task: 400 here.
     # After a look that found nothing, the next ones are skipped (1, 2, 4, ... up to 16 pops).
