@@ -11,7 +11,7 @@ from tests.faults.harness import drain_and_check, long_only, pick
 from tests.support.helpers import unique
 
 
-@long_only("each of its faults runs here on its own (1, 3, 4); together they are the campaign")
+@long_only("each of its faults runs here on its own (L1 and L2 kills, 3a, 4); together they are the campaign")
 def test_10_all_at_once(cluster_factory, record):
     started = time.time()
     cluster = cluster_factory(env={"DISPATCH_REDIS_TIMEOUT_S": "3"})

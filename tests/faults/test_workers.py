@@ -24,6 +24,9 @@ def _hammer(stop: threading.Event, every: float, action) -> threading.Thread:
     return thread
 
 
+@long_only("L1 and L2 (tests/faults/test_liveness.py) kill a main process holding popped messages and a pool "
+           "child mid-task here, and tests/integration/test_fifo.py a worker mid-message; this is the campaign "
+           "of repeated kills under load")
 def test_01_sigkill_worker_main_and_pool_children(cluster_factory, record):
     """SIGKILL a worker's main process every few seconds, and pool children mid-task."""
     started = time.time()
@@ -65,7 +68,8 @@ def test_01_sigkill_worker_main_and_pool_children(cluster_factory, record):
     assert all(w.alive() for w in workers)
 
 
-@long_only("SIGTERM restarts are a gentler case of scenario 1 (SIGKILL), which runs here")
+@long_only("SIGTERM restarts are a gentler case of scenario 1 (SIGKILL); tests/integration/test_reliability.py "
+           "and the fault tests' worker teardowns stop workers warm here")
 def test_02_sigterm_restarts_under_load(cluster_factory, record):
     """Warm shutdowns (SIGTERM) and restarts, one worker at a time, under load: a message the
     consumer had popped when the shutdown began must not vanish."""
