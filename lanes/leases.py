@@ -142,7 +142,7 @@ def take_in_hand(record: str, written: bool = False) -> None:
     process killed between the pop and that write (about a round trip, as
     between the pop and a synchronous write before) leaves the task to its
     queued lease (docs/liveness.md). ``written``: the pop wrote it already
-    (``lanes.transport.POP_MORE``). The ack costs nothing (removed at the next beat).
+    (``lanes/lua/pop_more.lua``). The ack costs nothing (removed at the next beat).
     """
     with _lock:
         _in_hand[record] = _in_hand.get(record, 0) + 1

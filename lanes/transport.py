@@ -32,7 +32,7 @@ that reply. With ``appendfsync always`` (``make run``'s Redis) a pop is a write
 and its reply waits for Redis's next fsync, so each worker main process took at
 most one message per fsync: about 330 tasks/s for ``make run``'s two, whatever
 their threads. Here a pop that delivered a message is followed by one call that
-takes as many more as the prefetch window has room for (``POP_MORE``: the
+takes as many more as the prefetch window has room for (``lanes/lua/pop_more.lua``: the
 lane's priority lists in ``BRPOP``'s order), each delivered as if popped alone.
 A lane that keeps up has nothing more to take, and that call would cost an
 ``RPOP`` per priority list for nothing: after a call that found nothing the
@@ -59,9 +59,9 @@ from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
-from redis.commands.core import Script
 
 from lanes import keys, leases
+from lanes.lua.pop_more import pop_more
 from lanes.signals import message_unreadable
 
 logger = logging.getLogger(__name__)
@@ -77,41 +77,6 @@ RECORD_HEADER = "dispatch_record"
 POP_MORE_MAX = 64
 #: Most pops after an empty ``POP_MORE`` before the next is tried (the lane kept up).
 POP_MORE_SKIP_MAX = 16
-
-#: Pops up to ARGV[1] messages from the lane lists KEYS[3..] (BRPOP's order: the
-#: lane's priorities), from their right end as BRPOP does, and names the record of
-#: each leased one in the popping process's in-hand set KEYS[1] in the same call,
-#: so that nothing it pops is in no set. The record is read from the message as
-#: ``lanes.messages`` writes it (compact JSON; not decoded: the delivery tag
-#: placeholder is a NUL that cjson refuses). ARGV[2], when not empty, is the
-#: process's entry for KEYS[2] (the process list), written if it has none yet.
-#: Returns message, record named ('' for none), message, record, ...
-POP_MORE = """
-local want = tonumber(ARGV[1])
-local out, records, n = {}, {}, 0
-for i = 3, #KEYS do
-  if n >= want then break end
-  local got = redis.call('RPOP', KEYS[i], want - n)
-  if got then
-    for _, item in ipairs(got) do
-      n = n + 1
-      local record = ''
-      if string.find(item, '"dispatch_leased":true', 1, true) then
-        record = string.match(item, '"dispatch_record":"([^"\\\\]+)"') or ''
-      end
-      if record ~= '' then records[#records + 1] = record end
-      out[#out + 1] = item
-      out[#out + 1] = record
-    end
-  end
-end
-if #records > 0 then
-  redis.call('SADD', KEYS[1], unpack(records))
-  if ARGV[2] ~= '' then redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[2]) end
-end
-return out
-"""
-
 
 def record_of(message) -> str | None:
     """The task record a leased message stands for (older messages: from its body)."""
@@ -218,7 +183,6 @@ class Channel(kombu_redis.Channel):
             if transport is not None:
                 transport.closing_channel = None
 
-    _pop_more_script: Script | None = None
     #: Pops left before POP_MORE is tried again, and the next skip (both grow while it finds nothing).
     _pop_more_skip = 0
     _pop_more_backoff = 0
@@ -267,24 +231,18 @@ class Channel(kombu_redis.Channel):
         if self._pop_more_skip > 0:
             self._pop_more_skip -= 1
             return
-        me = leases.process_id()
         lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
-        register = "" if leases.registered() else me
         with self.conn_or_acquire() as client:
-            pop_more = self._pop_more_script
-            if pop_more is None:
-                pop_more = type(self)._pop_more_script = client.register_script(POP_MORE)
-            popped = pop_more(keys=[keys.process_in_hand(me), keys.PROCS, *lists],
-                              args=[room, register, leases.liveness_expiry_ms()], client=client)
+            popped = pop_more(client, lists, room)
         if popped:
             self._pop_more_backoff = 0
         else:
             self._pop_more_backoff = min(POP_MORE_SKIP_MAX, max(1, 2 * self._pop_more_backoff))
             self._pop_more_skip = self._pop_more_backoff
         try:
-            for i in range(0, len(popped), 2):
-                self._popped_in_hand = bytes_to_str(popped[i + 1])
-                self._deliver_popped(popped[i], queue)
+            for item, record in popped:
+                self._popped_in_hand = record
+                self._deliver_popped(item, queue)
         finally:
             self._popped_in_hand = ""
 
