@@ -1,14 +1,15 @@
 """``dispatch_many``: many dispatches of one task type, one Redis round trip per chunk of items.
 
 Each item is admitted or rejected on its own, exactly as ``dispatch.delay``
-would (the same validation, the same admit.lua, the same reasons), and the
-results come back in input order. What changes is the cost: a chunk of
-``CHUNK_ITEMS`` items is validated in the caller and its admit.lua calls are
-pipelined on one connection, so a chunk pays one round trip instead of one per
-item. The contract is the same: accepted means stored; an item whose answer
-was lost with the connection is ``unavailable`` with "outcome unknown", and a
-retry with the same idempotency keys returns the stored tasks and never makes a
-second.
+would (the same validation, the same admission steps, the same reasons), and
+the results come back in input order. What changes is the cost: a chunk of
+``CHUNK_ITEMS`` items is validated in the caller and admitted by one
+admit_many.lua call (each item by ``admit_one``, the steps admit.lua runs for
+one dispatch), the chunks pipelined on one connection, so a chunk pays one
+round trip and one script call instead of one of each per item. The contract
+is the same: accepted means stored; an item whose answer was lost with the
+connection is ``unavailable`` with "outcome unknown", and a retry with the same
+idempotency keys returns the stored tasks and never makes a second.
 """
 
 from __future__ import annotations
@@ -23,9 +24,8 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
+from lanes.lua import admit_many
 from lanes.lua.admit import count_accepted, reports_a_task
-from lanes.lua.admit import keys_and_args as lua_keys_and_args
-from lanes.lua.admit import stream as lua_stream
 from lanes.lua.loader import NotSent
 from tasks import config
 from tasks.admission import (
@@ -108,7 +108,7 @@ def split_item(item: Any, defaults: dict[str, Any]) -> tuple[Any, dict[str, Any]
 
 
 class _Admission:
-    """The items of one ``dispatch_many`` call through admit.lua, a chunk per round trip.
+    """The items of one ``dispatch_many`` call through admit_many.lua, a chunk per call.
 
     Chunk N+1 is validated and sent before chunk N's replies are read, so the
     caller's work overlaps Redis'; one connection keeps the items in order.
@@ -128,7 +128,7 @@ class _Admission:
 
     def run(self, queue: deque[tuple[int, Any, dict[str, Any], str]]) -> None:
         self.entries = {entry[0]: entry for entry in queue}
-        with lua_stream() as stream:
+        with admit_many.stream() as stream:
             while queue or self.sent:
                 if queue:
                     chunk = [queue.popleft() for _ in range(min(CHUNK_ITEMS, len(queue)))]
@@ -143,7 +143,7 @@ class _Admission:
                             self._requeue(stale, queue)
                             continue
                     if prepared:
-                        stream.send([lua_keys_and_args(**p.script_args) for _, p in prepared])
+                        stream.send([admit_many.keys_and_args([p.script_args for _, p in prepared])])
                         self.sent.append(prepared)
                 # One chunk may wait in Redis while the next is prepared; past that, or at the end, read.
                 if len(self.sent) > 1 or (self.sent and not queue):
@@ -195,7 +195,15 @@ class _Admission:
         """Read the oldest chunk's replies; returns its 'stale' items (index, Redis' config version)."""
         batch = self.sent.popleft()
         stale: list[tuple[int, str]] = []
-        for (index, item), reply in zip(batch, stream.receive(), strict=True):
+        (reply,) = stream.receive()
+        if isinstance(reply, redis.RedisError):
+            item_replies = [reply] * len(batch)
+        else:
+            try:
+                item_replies = admit_many.replies(reply, len(batch))
+            except ValueError as exc:  # never expected: a script that answered out of shape stored unknown items
+                item_replies = [redis.ResponseError(str(exc))] * len(batch)
+        for (index, item), reply in zip(batch, item_replies, strict=True):
             if not isinstance(reply, redis.RedisError) and reply[0] == b"stale":
                 stale.append((index, reply[1].decode()))
             else:

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from lanes import counters, keys
 from lanes.forksafe import ForkSafeLock
-from lanes.lua.loader import ScriptStream, call
+from lanes.lua.loader import call
 
 NAME = "admit"
 #: Seconds a process reuses a lane's completions, handler seconds, paused flag and live consumers
@@ -95,11 +95,6 @@ def count_accepted(reply: Any, script_args: Mapping[str, Any]) -> None:
     """
     if reply and reply[0] == b"ok":
         counters.add(f"dispatched|{script_args['lane']}|{script_args['task_type']}", script_args["now"])
-
-
-def stream() -> ScriptStream:
-    """A ``ScriptStream`` of admit.lua calls (``keys_and_args`` of each): many admissions, one round trip a batch."""
-    return ScriptStream(NAME)
 
 
 def keys_and_args(

@@ -1,4 +1,5 @@
-"""Loads the Lua scripts (each ``<name>.lua`` prefixed with ``_lib.lua``) and runs them.
+"""Loads the Lua scripts (each ``<name>.lua`` prefixed with ``_lib.lua``, its ``--! include`` lines
+filled in) and runs them.
 
 The scripts live beside this module, each with one typed Python wrapper
 (``lanes/lua/admit.py`` for ``admit.lua``, ...): the wrapper is the only code
@@ -26,12 +27,22 @@ from lanes.redis_client import get_redis
 SCRIPT_DIR = Path(__file__).parent
 
 
+#: A script's line naming a file of the same folder whose text takes its place
+#: (``--! include _admit.lua``): code two scripts share beyond ``_lib.lua``.
+INCLUDE = "--! include "
+
+
 @cache
 def _source(name: str, directory: Path | None = None) -> str:
     folder = directory or SCRIPT_DIR
     lib = folder / "_lib.lua"
     prefix = lib.read_text() + "\n" if lib.exists() else ""
-    return prefix + (folder / f"{name}.lua").read_text()
+    lines = (folder / f"{name}.lua").read_text().splitlines(keepends=True)
+    body = "".join(
+        (folder / line[len(INCLUDE):].strip()).read_text() + "\n" if line.startswith(INCLUDE) else line
+        for line in lines
+    )
+    return prefix + body
 
 
 _scripts: dict[tuple[int, str, Path | None], Script] = {}

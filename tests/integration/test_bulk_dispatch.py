@@ -7,6 +7,7 @@ retry with the same keys creates nothing twice.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -14,6 +15,7 @@ import threading
 import pytest
 from django.test import override_settings
 
+from lanes import keys
 from tests.support.helpers import define, lane_depth, unique, wait_until
 
 
@@ -76,8 +78,12 @@ def test_a_mixed_batch_answers_each_item_in_order_and_runs_the_accepted_once(rc,
     assert set(ran) == expected and all(n == 1 for n in ran.values()), ran
 
 
-def test_one_round_trip_per_chunk(rc, monkeypatch):
-    """Counted at the socket: sends that carry EVALSHA, and the EVALSHAs Redis executed."""
+def _commands(rc) -> int:
+    return sum(int(stat["calls"]) for stat in rc.info("commandstats").values())
+
+
+def test_one_round_trip_and_one_script_call_per_chunk(rc, monkeypatch):
+    """Counted at the socket (sends that carry EVALSHA) and by Redis (EVALSHAs and every command it ran)."""
     from redis.connection import AbstractConnection
 
     from tasks import bulk
@@ -89,13 +95,82 @@ def test_one_round_trip_per_chunk(rc, monkeypatch):
     monkeypatch.setattr(bulk, "CHUNK_ITEMS", 100)
     sends = _count_evalsha_sends(monkeypatch, AbstractConnection)
     before = int(rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+    commands_before = _commands(rc)
     results = dispatch_many(name, [{"i": i} for i in range(250)])
+    commands = _commands(rc) - commands_before - 2  # the two INFOs' own
     after = int(rc.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
 
     assert all(r.accepted for r in results)
-    assert sends == [100, 100, 50]  # three round trips, each carrying its chunk's scripts
-    assert after - before >= 250
+    assert sends == [1, 1, 1]  # three round trips, one admit_many.lua call each
+    assert after - before == 3
     assert lane_depth(rc, lane) == 251
+    # Issue 16's budget: a plain item costs its record's HSET; the lane's shared writes (waiting count,
+    # deadlines, leases, list) and the call itself are once a chunk. admit.lua alone is 7 an item.
+    assert commands <= 250 * 1.2, commands
+    ready = [rc.lindex(q, -1) for q in keys.lane_queues(lane) if rc.llen(q)]
+    assert ready and sum(rc.llen(q) for q in keys.lane_queues(lane)) == 251
+    assert rc.zcard(keys.LEASES) >= 251
+
+
+def test_a_chunk_admits_like_one_dispatch_a_call(rc):
+    """The same items through dispatch_many (one admit_many.lua call) and through a loop of
+    dispatch.delay (admit.lua each), on two types configured alike: the same answers, records,
+    lane lists (in the same order), leases, deadlines and waiting counts."""
+    from tasks.dispatch import dispatch, dispatch_many
+
+    def items(tag: str) -> list:
+        out = []
+        for i in range(14):
+            # Four for chat c0 first (its queue holds 3), then the chats in turn.
+            options = {"chat_id": f"{tag}-c{0 if i < 4 else i % 3}", "priority": (i * 7) % 10}
+            if i in (5, 6):
+                options["idempotency_key"] = f"{tag}-same"  # the second is a duplicate of the first
+            if i == 7:
+                options["idempotency_key"] = f"{tag}-other"
+            out.append(({"i": 5 if i == 6 else i}, options))
+        out.append(({"i": 99}, {"chat_id": f"{tag}-c0", "idempotency_key": f"{tag}-other"}))  # a conflict
+        return out
+
+    def state(type_name: str, lane: str, tag: str, results) -> dict:
+        def record(r):
+            found = rc.hgetall(keys.task_record(r.task_id, r.chat_id or None))
+            kept = {k.decode(): v.decode() for k, v in found.items() if k not in (b"msg", b"dl")}
+            return {k: v.replace(type_name, "T").replace(lane, "L").replace(tag, "X") for k, v in kept.items()}
+
+        accepted = [r for r in results if r.accepted and not r.duplicate]
+        names = {keys.task_record(r.task_id, r.chat_id or None): n for n, r in enumerate(results)}
+        return {
+            "answers": [(r.accepted, r.reason, r.position, r.duplicate,
+                         next((n for n, o in enumerate(results) if o.task_id == r.task_id), None)) for r in results],
+            "records": [record(r) for r in accepted],
+            "lists": [[names.get(_record_of(m)) for m in rc.lrange(q, 0, -1)] for q in keys.lane_queues(lane)],
+            "waiting": rc.get(keys.LANE_PREFIX + lane + ":waiting"),
+            "leased": [rc.zscore(keys.LEASES, keys.task_record(r.task_id, r.chat_id or None)) is not None
+                       for r in accepted],
+            "deadlines": [rc.zscore(keys.DEADLINES, keys.task_record(r.task_id, r.chat_id or None)) is not None
+                          for r in accepted],
+        }
+
+    states = []
+    for how in ("many", "loop"):
+        type_name, lane = unique(f"bulk-same-{how}"), unique(f"l-bulk-same-{how}")
+        define(type_name, lane=lane, chat_scoped=True, chat_queue_size=3, capacity=8)
+        tag = unique(how)
+        if how == "many":
+            results = dispatch_many(type_name, items(tag))
+        else:
+            results = [dispatch.delay(type_name, payload, **options) for payload, options in items(tag)]
+        states.append(state(type_name, lane, tag, results))
+    many, loop = states
+    assert [a[1] for a in many["answers"]].count("lane_full") >= 1  # capacity 8 of 15
+    assert [a[1] for a in many["answers"]].count("chat_queue_full") >= 1
+    assert [a[1] for a in many["answers"]].count("idempotency_conflict") == 1
+    assert [a[3] for a in many["answers"]].count(True) == 1
+    assert many == loop
+
+
+def _record_of(message: bytes) -> str:
+    return json.loads(message)["headers"]["dispatch_record"]
 
 
 @pytest.fixture
@@ -127,7 +202,7 @@ def test_an_unknown_outcome_then_a_retry_with_the_same_keys_creates_nothing_twic
     calls = []
 
     def freeze_before_second_chunk(stream, script_calls):
-        calls.append(len(script_calls))
+        calls.append(_items_in(script_calls))
         if len(calls) == 2:  # the first chunk was sent: once Redis ran it, freeze Redis
             wait_until(lambda: lane_depth(rc, lane) == 6, timeout=10, what="the first chunk stored")
             os.kill(redis_server.proc.pid, signal.SIGSTOP)
@@ -184,11 +259,28 @@ def test_the_api_bulk_endpoint_sends_its_items_in_one_round_trip(monkeypatch):
     name = unique("bulk-api")
     define(name, lane=unique("l-bulk-api"))
     client = ApiClient(make_token(unique("svc"), [name]))
+    from lanes.lua.loader import ScriptStream
+
+    real_send = ScriptStream.send
+    chunks: list[int] = []
+
+    def counting(stream, calls):
+        chunks.append(_items_in(calls))
+        return real_send(stream, calls)
+
+    monkeypatch.setattr(ScriptStream, "send", counting)
     sends = _count_evalsha_sends(monkeypatch, AbstractConnection)
     r = client.post("/dispatch/bulk", {"task_type": name, "items": [{"n": i} for i in range(20)] + ["bad"]})
     assert r.status_code == 200, r.content
     assert [x["accepted"] for x in r.json()["results"]] == [True] * 20 + [False]
-    assert max(sends) == 20  # one send carried every item's script (one round trip), not one send each
+    # One admit_many.lua call for every valid item, in one send, not one send (or call) each.
+    assert chunks == [20] and max(sends) == 1
+
+
+def _items_in(script_calls) -> int:
+    """The items of the one admit_many.lua call a chunk sends (26 shared keys, then 4 an item)."""
+    (chunk_keys, _), = script_calls
+    return (len(chunk_keys) - 26) // 4
 
 
 def _count_evalsha_sends(monkeypatch, connection_class) -> list[int]:
@@ -289,7 +381,7 @@ def test_a_config_change_mid_call_requeues_the_rest_in_order(rc, monkeypatch):
     sent: list[int] = []
 
     def bump_after_the_first_chunk(stream, calls):
-        sent.append(len(calls))
+        sent.append(_items_in(calls))
         if len(sent) == 2:
             bump_config_version()
         return real_send(stream, calls)
