@@ -45,10 +45,14 @@ for i = 5, #KEYS do
   -- kombu pops from the right (oldest first): look at the oldest messages first.
   local window = budget - looked
   local msgs = redis.call('LRANGE', list, -window, -1)
+  -- Taken messages that are the list's oldest, one after the other, leave it by one LTRIM;
+  -- one taken after a message left in place leaves by its own LREM, after the LTRIM.
+  local trim, removals, unbroken = 0, {}, true
   for j = #msgs, 1, -1 do
     if #taken >= want then break end
     looked = looked + 1
     local raw = msgs[j]
+    local took = false
     local ok, m = pcall(cjson.decode, raw)
     local h = ok and type(m) == 'table' and m['headers'] or nil
     if type(h) == 'table' and h['task'] == ARGV[1] and h['shadow'] == ARGV[2] and h['dispatch_leased'] == true
@@ -61,7 +65,9 @@ for i = 5, #KEYS do
       if ready and f[3] and f[3] ~= '' then
         ready = redis.call('LINDEX', ARGV[11] .. '{' .. f[3] .. '}:q', 0) == h['id']
       end
-      if ready and redis.call('LREM', list, -1, raw) == 1 then
+      if ready then
+        took = true
+        if unbroken then trim = trim + 1 else removals[#removals + 1] = raw end
         -- The delivery count travels in the claim's HSET (as start.lua's).
         redis.call('HSET', record, 'st', 'running', 'own', ARGV[3], 'dlv', dlv + 1)
         taken[#taken + 1] = raw
@@ -73,7 +79,10 @@ for i = 5, #KEYS do
         table.insert(by_lane[lane], record)
       end
     end
+    if not took then unbroken = false end
   end
+  if trim > 0 then redis.call('LTRIM', list, 0, -(trim + 1)) end
+  for _, raw in ipairs(removals) do redis.call('LREM', list, -1, raw) end
 end
 
 if #taken > 0 then

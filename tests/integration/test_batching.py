@@ -8,6 +8,7 @@ orders), never a time.
 
 from __future__ import annotations
 
+import time
 from collections import Counter, defaultdict
 
 from django_celery_results.models import TaskResult
@@ -251,3 +252,41 @@ def test_a_whole_batch_that_raises_gives_each_item_its_own_retry(start_worker, r
     rows = dict(TaskResult.objects.filter(task_id__in=[r.task_id for r in sent]).values_list("task_id", "status"))
     assert set(rows.values()) == {"SUCCESS"}
     assert not DeadLetter.objects.filter(task_type=name).exists()
+
+
+def test_a_batched_claim_takes_the_ready_messages_and_leaves_the_rest_in_order(rc):
+    """claim_batch.lua alone: taken messages leave the list (the oldest run by one LTRIM, the
+    others by LREM), the rest stay where they were, and each taken record is claimed once."""
+    import json
+
+    from lanes.lua.claim_batch import claim_batch
+
+    lane = unique("l-claim")
+    mine = define(unique("bt-claim"), handler="http.post_batch", lane=lane, batch_size=10, batch_window_ms=1,
+                  options={"url": "http://127.0.0.1:9/"})
+    other = define(unique("other-claim"), lane=lane)
+    config.forget()
+    order = [mine, mine, other, mine, other, mine]
+    sent = [admit(t.name, {"n": n}) for n, t in enumerate(order)]
+    assert all(r.accepted for r in sent)
+    (queue,) = [q for q in keys.lane_queues(lane) if rc.llen(q)]  # one priority: one list
+    before = rc.info("commandstats")
+
+    def stat(info, name):
+        return int(info.get(f"cmdstat_{name}", {}).get("calls", 0))
+
+    taken = claim_batch(lane=lane, handler="http.post_batch", task_type=mine.name, owner="h:1:1", now=time.time(),
+                        lease_ms=30000, max_deliveries=5, most=10, metric_field=f"{lane}|{mine.name}",
+                        process="h:1", liveness_ms=0)
+    after = rc.info("commandstats")
+    ids = [json.loads(m)["headers"]["id"] for m in taken]
+    assert ids == [sent[i].task_id for i in (0, 1, 3, 5)]  # oldest first
+    left = [json.loads(m)["headers"]["id"] for m in reversed(rc.lrange(queue, 0, -1))]
+    assert left == [sent[2].task_id, sent[4].task_id]  # the other type's, in their order
+    assert stat(after, "ltrim") - stat(before, "ltrim") == 1  # messages 0 and 1
+    assert stat(after, "lrem") - stat(before, "lrem") == 2  # messages 3 and 5
+    for i in (0, 1, 3, 5):
+        assert rc.hget(keys.task_record(sent[i].task_id), "st") == b"running"
+    assert claim_batch(lane=lane, handler="http.post_batch", task_type=mine.name, owner="h:1:1", now=time.time(),
+                       lease_ms=30000, max_deliveries=5, most=10, metric_field=f"{lane}|{mine.name}",
+                       process="h:1", liveness_ms=0) == []
