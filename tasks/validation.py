@@ -128,10 +128,16 @@ def _encode_checked(value: Any, reason: str, root: str) -> str:
     return text
 
 
+#: ``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``'s encoder, built once
+#: (``json.dumps`` with options builds one per call: a tenth of a bulk dispatch's CPU per item).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def encode_json(value: Any) -> str:
     """Compact JSON that is valid UTF-8; raises ValueError on anything else."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    text.encode("utf-8")  # lone surrogates (bad UTF-8 smuggled in) raise here
+    text = _ENCODER.encode(value)
+    if not text.isascii():
+        text.encode("utf-8")  # lone surrogates (bad UTF-8 smuggled in) raise here
     return text
 
 
@@ -156,7 +162,7 @@ def check_dispatch(
     if not isinstance(payload, dict):
         raise Invalid("invalid_payload", f"payload must be a JSON object, not {type(payload).__name__}")
     payload_json = _encode_checked(payload, "invalid_payload", "payload")
-    size = len(payload_json.encode("utf-8"))
+    size = len(payload_json) if payload_json.isascii() else len(payload_json.encode("utf-8"))
     if size > max_payload_bytes:
         raise Invalid("payload_too_large", f"payload is {size} bytes; '{type_name}' allows {max_payload_bytes}")
 
@@ -191,7 +197,7 @@ def check_dispatch(
         metadata = {}
     if not isinstance(metadata, dict):
         raise Invalid("invalid_metadata", "metadata must be a JSON object")
-    meta_size = len(_encode_checked(metadata, "invalid_metadata", "metadata").encode("utf-8"))
+    meta_size = len(_encode_checked(metadata, "invalid_metadata", "metadata").encode("utf-8")) if metadata else 2
     if meta_size > MAX_METADATA_BYTES:
         raise Invalid("invalid_metadata", f"metadata is {meta_size} bytes; at most {MAX_METADATA_BYTES}")
 
