@@ -103,7 +103,7 @@ class Envelope:
 
 
 #: JSON of a string as ``json.dumps`` writes it (ASCII, escaped): C, one call.
-_string = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]
+_string = json.encoder.encode_basestring_ascii
 #: ``json.dumps(..., separators=(",", ":"))``'s encoder, built once (``json.dumps`` builds one per call).
 _compact = json.JSONEncoder(separators=(",", ":"))
 _EMBED_JSON = _compact.encode(_EMBED)
