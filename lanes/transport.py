@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 
 import redis
@@ -62,6 +63,7 @@ from kombu.utils.json import loads
 
 from lanes import keys, leases
 from lanes.lua.pop_more import pop_more
+from lanes.lua.ring import ring
 from lanes.signals import message_unreadable
 
 logger = logging.getLogger(__name__)
@@ -75,8 +77,6 @@ RECORD_HEADER = "dispatch_record"
 
 #: Most messages one ``POP_MORE`` call takes (the prefetch window bounds it first).
 POP_MORE_MAX = 64
-#: Most pops after an empty ``POP_MORE`` before the next is tried (the lane kept up).
-POP_MORE_SKIP_MAX = 16
 
 def record_of(message) -> str | None:
     """The task record a leased message stands for (older messages: from its body)."""
@@ -183,34 +183,146 @@ class Channel(kombu_redis.Channel):
             if transport is not None:
                 transport.closing_channel = None
 
-    #: Pops left before POP_MORE is tried again, and the next skip (both grow while it finds nothing).
-    _pop_more_skip = 0
-    _pop_more_backoff = 0
     #: While delivering what POP_MORE took: the record it named in the in-hand set for this message.
     _popped_in_hand = ""
+    #: The lanes whose doorbells the BRPOP in flight names: doorbell -> lane (its queue).
+    _bells: dict[str, str] = {}
+    #: When each lane's lists were last all looked at (``time.monotonic()``).
+    _looked_at_all: dict[str, float] = {}
+
+    def _is_lane(self, queue: str) -> bool:
+        # A global key prefix (not used by the platform) would have to reach the scripts' keys too.
+        return not self.global_keyprefix and keys.is_lane_queue(queue)
+
+    def _brpop_start(self, timeout=None):
+        # kombu's, with each lane's doorbell in place of its lists (the lists of any other
+        # queue stay, in kombu's order: priority first, then the channel's queue order).
+        if timeout is None:
+            timeout = self.brpop_timeout
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        bells = {keys.lane_doorbell(queue): queue for queue in queues if self._is_lane(queue)}
+        lanes = set(bells.values())
+        first = self.priority_steps[0]
+        names = [keys.lane_doorbell(queue) if queue in lanes else self._q_for_pri(queue, pri)
+                 for pri in self.priority_steps for queue in queues if queue not in lanes or pri == first]
+        self._bells = bells
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = kombu_redis.monotonic()
+        command_args = ["BRPOP", *names, timeout or 0]
+        if self.global_keyprefix:
+            command_args = self.client._prefix_args(command_args)
+        self.client.connection.send_command(*command_args)
 
     def _brpop_read(self, **options):
-        # kombu's, with the popped message delivered through _deliver_popped and
-        # followed by _pop_more.
+        # kombu's, for three replies: a message of a queue that is not a lane (delivered as
+        # kombu does), a lane's doorbell token (POP_MORE takes that lane's messages), or
+        # nothing within the timeout (POP_MORE looks at every lane's lists anyway).
+        bells, lane, token = self._bells, None, None
         try:
             try:
                 dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
             except self.connection_errors:
                 self.client.connection.disconnect()  # the next iteration reconnects
                 raise
-            if not dest__item:
-                raise kombu_redis.Empty()
-            dest, item = dest__item
-            queue = bytes_to_str(dest).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(queue)
-            self._deliver_popped(item, queue)
+            if dest__item:
+                dest, item = dest__item
+                dest = bytes_to_str(dest)
+                lane = bells.get(dest)
+                if lane is None:
+                    queue = dest.rsplit(self.sep, 1)[0]
+                    self._queue_cycle.rotate(queue)
+                    self._deliver_popped(item, queue)
+                    return True
+                token = bytes_to_str(item)
         finally:
             self._in_poll = None
             flush_reauth = getattr(self, "_flush_brpop_reauth", None)
             if flush_reauth is not None:
                 flush_reauth()
-        self._pop_more(queue)
-        return True
+        if lane is not None:
+            self._queue_cycle.rotate(lane)
+            if getattr(self, "_closing", False):
+                self._ring_again(lane, token)  # closing: another worker takes them
+                raise kombu_redis.Empty()
+            if self._take(lane, _token_bits(token)):
+                return True
+            raise kombu_redis.Empty()
+        taken = 0
+        for lane in dict.fromkeys(bells.values()):
+            if getattr(self, "_closing", False) or (taken and self._room() <= 0):
+                break
+            taken += self._take(lane, None)
+        if taken:
+            return True
+        raise kombu_redis.Empty()
+
+    def _room(self) -> int:
+        estimate = self.qos.can_consume_max_estimate()
+        return POP_MORE_MAX if estimate is None else min(estimate, POP_MORE_MAX)
+
+    def _take(self, lane: str, bits: int | None) -> int:
+        """Take what the prefetch window has room for (at least one) from ``lane``'s lists, in one
+        call that names each record in the in-hand set, and deliver it; returns how many.
+
+        ``bits``: the lists a doorbell token names; None, or the lane's lists were not all looked
+        at for a BRPOP timeout: every list (a push that did not ring, a token lost with a killed
+        worker, is found within that time even on a lane whose doorbell never stops ringing).
+        """
+        if self.closed or self.connection is None:
+            return 0
+        now = time.monotonic()
+        if bits is not None and now - self._looked_at_all.get(lane, 0.0) >= self.brpop_timeout:
+            bits = None
+        if bits is None:
+            self._looked_at_all = {**self._looked_at_all, lane: now}
+        lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
+        with self.conn_or_acquire() as client:
+            popped = pop_more(client, lane, lists, max(1, self._room()), bits)
+        try:
+            for item, record in popped:
+                self._popped_in_hand = record
+                self._deliver_popped(item, lane)
+        finally:
+            self._popped_in_hand = ""
+        return len(popped)
+
+    def _ring_again(self, lane: str, token: str | None) -> None:
+        """Put back a doorbell token this channel took and will not act on."""
+        bits = _token_bits(token)
+        priorities = set(range(len(self.priority_steps))) if bits is None else \
+            {p for p in range(len(self.priority_steps)) if bits >> p & 1}
+        try:
+            with self.conn_or_acquire() as client:
+                ring(client, lane, priorities)
+        except Exception:  # the other workers' poll finds the messages within a second
+            logger.warning("doorbell_not_rung_again lane=%s", lane, exc_info=True)
+
+    def _put(self, queue, message, **kwargs):
+        # A message published through this transport onto a lane (not the platform's own
+        # publish, which rings in its script) rings too. Batched publishing (kombu's
+        # publish_batch) does not: the workers' poll finds it within a second.
+        batched = kwargs.get("_publish_batch") is not None
+        super()._put(queue, message, **kwargs)
+        if self._is_lane(queue) and not batched:
+            with self.conn_or_acquire() as client:
+                ring(client, queue, {self.priority(self._get_message_priority(message, reverse=False))})
+
+    def _do_restore_message(self, payload, exchange, routing_key, pipe, leftmost=False):
+        # A message handed back to a lane (from memory or kombu's unacked hash) rings, in the
+        # same transaction when ``pipe`` is one.
+        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        try:
+            lanes = [queue for queue in self._lookup(exchange, routing_key) if self._is_lane(queue)]
+            if lanes:
+                priority = self.priority(self._get_message_priority(payload, reverse=False))
+                for lane in lanes:
+                    ring(pipe, lane, {priority})
+        except self.connection_errors:
+            raise
+        except Exception:  # as kombu's own restore: the poll finds the message within a second
+            logger.error("doorbell_not_rung lane_of=%r", routing_key, exc_info=True)
 
     def _deliver_popped(self, item, queue: str) -> None:
         try:
@@ -221,30 +333,13 @@ class Channel(kombu_redis.Channel):
             logger.error("undecodable_message_dropped error=%r", exc)
             _report_unreadable(exc)
 
-    def _pop_more(self, queue: str) -> None:
-        """Take what the prefetch window still has room for from ``queue`` in one call, and deliver it."""
-        if self.closed or self.global_keyprefix or self.connection is None:
-            return
-        room = min(self.qos.can_consume_max_estimate() or 0, POP_MORE_MAX)
-        if room <= 0:
-            return
-        if self._pop_more_skip > 0:
-            self._pop_more_skip -= 1
-            return
-        lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
-        with self.conn_or_acquire() as client:
-            popped = pop_more(client, lists, room)
-        if popped:
-            self._pop_more_backoff = 0
-        else:
-            self._pop_more_backoff = min(POP_MORE_SKIP_MAX, max(1, 2 * self._pop_more_backoff))
-            self._pop_more_skip = self._pop_more_backoff
-        try:
-            for item, record in popped:
-                self._popped_in_hand = record
-                self._deliver_popped(item, queue)
-        finally:
-            self._popped_in_hand = ""
+
+def _token_bits(token: str | None) -> int | None:
+    """The lists a doorbell token names (bit p: kombu priority p); None: unreadable, every list."""
+    try:
+        return int(token) if token is not None else None
+    except ValueError:
+        return None
 
 
 def _report_unreadable(exc: Exception) -> None:
