@@ -243,16 +243,21 @@ class Channel(kombu_redis.Channel):
                 flush_reauth()
         if lane is not None:
             self._queue_cycle.rotate(lane)
-            if getattr(self, "_closing", False):
-                self._ring_again(lane, token)  # closing: another worker takes them
+            if getattr(self, "_closing", False) or lane not in self.active_queues:
+                # Closing, or the lane was cancelled (paused) since the BRPOP was sent: another
+                # worker takes them.
+                self._ring_again(lane, token)
                 raise kombu_redis.Empty()
             if self._take(lane, _token_bits(token)):
                 return True
             raise kombu_redis.Empty()
         taken = 0
+        active = self.active_queues
         for lane in dict.fromkeys(bells.values()):
             if getattr(self, "_closing", False) or (taken and self._room() <= 0):
                 break
+            if lane not in active:
+                continue
             taken += self._take(lane, None)
         if taken:
             return True
