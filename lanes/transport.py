@@ -3,7 +3,9 @@ an ack lost to an unreachable Redis cannot either, and a message popped as a
 worker shuts down goes back to its queue; and lean: between its pop and its ack
 a platform task's message costs at most a share of one batched Redis call
 (naming it in the worker's in-hand set, where a dead worker's popped messages
-are found: docs/liveness.md), and several messages come in one pop.
+are found: docs/liveness.md), and several messages come in one pop. A lane's
+messages are popped only by a script that names them in that set in the same
+call: the worker blocks on the lane's doorbell, never on its lists.
 
 Stock kombu keeps a copy of every delivered message in Redis (its unacked hash,
 one pipelined call on receipt, another on ack) so that it can hand it back
@@ -13,12 +15,11 @@ queued until the claim, renewed while it runs, and, once finished, until its
 result row is stored; the recovery sweep republishes it when a lease runs out,
 and the claim lets exactly one copy run. So a message marked as leased
 (``LEASED_HEADER``) is held in worker memory, its record named in the
-process's in-hand set as it is popped (by ``POP_MORE`` itself, or by
-``lanes.leases.take_in_hand``: one batched SADD instead of kombu's HSET and
-ZADD per message): the ack is free (the entry is removed at the
-next liveness beat), and a message handed back (rejected, or held at shutdown)
-is pushed back from memory. Any other message (Celery's own tasks) keeps
-kombu's handling.
+process's in-hand set by the pop itself (``POP_MORE``: one SADD for every
+message it takes, instead of kombu's HSET and ZADD per message): the ack is
+free (the entry is removed at the next liveness beat), and a message handed
+back (rejected, or held at shutdown) is pushed back from memory, ringing its
+lane's doorbell. Any other message (Celery's own tasks) keeps kombu's handling.
 
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
@@ -27,17 +28,24 @@ reads as a lost connection. Here such a message is logged, reported through
 ``lanes.signals.message_unreadable`` (the tasks app keeps it as a ``malformed``
 dead letter), and dropped; the worker goes on.
 
-Stock kombu pops one message per ``BRPOP``, and the worker's next pop waits for
-that reply. With ``appendfsync always`` (``make run``'s Redis) a pop is a write
-and its reply waits for Redis's next fsync, so each worker main process took at
-most one message per fsync: about 330 tasks/s for ``make run``'s two, whatever
-their threads. Here a pop that delivered a message is followed by one call that
-takes as many more as the prefetch window has room for (``lanes/lua/pop_more.lua``: the
-lane's priority lists in ``BRPOP``'s order), each delivered as if popped alone.
-A lane that keeps up has nothing more to take, and that call would cost an
-``RPOP`` per priority list for nothing: after a call that found nothing the
-next ones are skipped, for up to ``POP_MORE_SKIP_MAX`` pops, doubling while they
-keep finding nothing.
+Stock kombu pops one message per ``BRPOP`` on the queue's lists, and names it
+in Redis only after the reply: a worker killed in between left it in no list
+and no set. Here, for a lane queue (``lanes.keys.is_lane_queue``), the
+``BRPOP`` names the lane's doorbell (``lanes.keys.lane_doorbell``), a list
+holding at most one token that every push onto the lane's lists rings (the
+platform's scripts, and ``_put`` / ``_do_restore_message`` here); a queue that
+is not a lane keeps kombu's ``BRPOP`` on its lists, in the same command. A
+token runs ``POP_MORE`` (``lanes/lua/pop_more.lua``): as many messages as the
+prefetch window has room for (at least one), from the lists the token names in
+``BRPOP``'s order, each named in the in-hand set in the same script and
+delivered as if popped alone; one that fills its room rings again so another
+idle worker wakes. A ``BRPOP`` that times out (kombu's ``brpop_timeout``, 1 s)
+looks at every list of the channel's lanes anyway, and so does a token when the
+lane's lists were not all looked at within that time: a token lost with a
+killed worker, or a message pushed without a ring (a bare Celery client),
+waits about a second at most. With ``appendfsync always`` (``make run``'s
+Redis) a pop is a write whose reply waits for Redis's next fsync, so taking
+several messages a pop is what lets a worker take more than one per fsync.
 
 Stock kombu frees a message's prefetch slot only after its ack reached Redis.
 An ack that timed out (Redis frozen, fault scenario 4) kept its slot forever:
