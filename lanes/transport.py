@@ -272,6 +272,27 @@ class Channel(kombu_redis.Channel):
             return True
         raise kombu_redis.Empty()
 
+    def _get(self, queue):
+        # A synchronous get (``basic_get``, kombu's ``Queue.get``) of a lane takes its message with
+        # POP_MORE too, so it is in the in-hand set as it leaves its list; basic_get's QoS.append
+        # finds it already written.
+        if not self._is_lane(queue):
+            return super()._get(queue)
+        lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
+        with self.conn_or_acquire() as client:
+            popped = pop_more(client, queue, lists, 1, None)
+            self._maybe_update_queues_expire(client, queue)
+        if not popped:
+            raise kombu_redis.Empty()
+        item, self._popped_in_hand = popped[0]
+        return loads(bytes_to_str(item))
+
+    def basic_get(self, queue, no_ack=False, **kwargs):
+        try:
+            return super().basic_get(queue, no_ack=no_ack, **kwargs)
+        finally:
+            self._popped_in_hand = ""
+
     def _holds_any(self, lanes: list[str]) -> bool:
         """Whether any list of ``lanes`` holds a message (one EXISTS: an idle worker's poll costs
         one command a second, whatever its lanes)."""

@@ -11,10 +11,12 @@ import uuid
 from django_celery_results.models import TaskResult
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kombu import Connection, Exchange, Queue
 
 from lanes import keys, leases
 from lanes.lua.pop_more import pop_more
 from lanes.priorities import to_kombu
+from lanes.transport import LEASED_HEADER, RECORD_HEADER
 from tasks.bulk import dispatch_many
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, unique, wait_until
@@ -28,6 +30,41 @@ def _bell_bits(rc, lane: str) -> list[int]:
     return [int(t) for t in rc.lrange(keys.lane_doorbell(lane), 0, -1)]
 
 
+class Monitor:
+    """Every command Redis runs while in the ``with`` block (``MONITOR``), as redis-py parses them."""
+
+    def __init__(self, rc) -> None:
+        self.rc, self.seen = rc, []
+        self.marker = f"monitor-stop-{uuid.uuid4().hex}"
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.ready = threading.Event()
+
+    def _watch(self) -> None:
+        with self.rc.monitor() as m:
+            self.ready.set()
+            for command in m.listen():
+                if self.marker in command["command"]:
+                    return
+                self.seen.append(command)
+
+    def __enter__(self) -> Monitor:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.rc.echo(self.marker)
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive()
+
+    def pops_outside_scripts(self, lane: str) -> list[str]:
+        """Commands from a client (not a script) that take a message off one of ``lane``'s lists."""
+        lists = set(keys.lane_queues(lane))
+        return [c["command"][:160] for c in self.seen
+                if c["client_type"] != "lua" and c["command"].split(" ", 1)[0].upper() in POPS
+                and lists & set(c["command"].split(" ")[1:])]
+
+
 def test_a_worker_pops_lane_lists_only_inside_a_script(rc, start_worker):
     """MONITOR while a real worker drains a few hundred tasks: no command from a client takes a
     message off a lane list (before: its BRPOP named the lane's ten lists, and the message it
@@ -35,35 +72,17 @@ def test_a_worker_pops_lane_lists_only_inside_a_script(rc, start_worker):
     lane, type_name = unique("bell"), unique("bell-echo")
     define(type_name, lane=lane)
     lists = set(keys.lane_queues(lane))
-    seen: list[dict] = []
-    marker = f"monitor-stop-{uuid.uuid4().hex}"
-    ready = threading.Event()
-
-    def watch() -> None:
-        with rc.monitor() as m:
-            ready.set()
-            for command in m.listen():
-                if marker in command["command"]:
-                    return
-                seen.append(command)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    assert ready.wait(10)
-    start_worker(lane, pool="threads", concurrency=8)
-    ids = []
-    for i in range(TASKS):
-        result = dispatch.delay(type_name, {"i": i}, priority=i % 10)
-        assert result.accepted, result
-        ids.append(result.task_id)
-    wait_until(lambda: TaskResult.objects.filter(task_id__in=ids, status="SUCCESS").count() == TASKS,
-               timeout=120, what=f"{TASKS} results stored")
-    rc.echo(marker)
-    thread.join(timeout=30)
-    assert not thread.is_alive()
-    outside = [c for c in seen if c["client_type"] != "lua" and c["command"].split(" ", 1)[0].upper() in POPS
-               and lists & set(c["command"].split(" ")[1:])]
-    assert not outside, [c["command"][:160] for c in outside[:5]]
+    with Monitor(rc) as monitor:
+        start_worker(lane, pool="threads", concurrency=8)
+        ids = []
+        for i in range(TASKS):
+            result = dispatch.delay(type_name, {"i": i}, priority=i % 10)
+            assert result.accepted, result
+            ids.append(result.task_id)
+        wait_until(lambda: TaskResult.objects.filter(task_id__in=ids, status="SUCCESS").count() == TASKS,
+                   timeout=120, what=f"{TASKS} results stored")
+    assert not monitor.pops_outside_scripts(lane), monitor.pops_outside_scripts(lane)[:5]
+    seen = monitor.seen
     bell = keys.lane_doorbell(lane)
     waits = [c for c in seen if c["client_type"] != "lua" and c["command"].startswith("BRPOP ")
              and bell in c["command"].split(" ")]
@@ -136,3 +155,28 @@ def test_a_message_that_did_not_ring_is_taken_within_the_workers_poll(rc, start_
     start_worker(lane, pool="threads", concurrency=2)
     assert result.get(timeout=30) is not None
     assert rc.llen(keys.lane_doorbell(lane)) == 0
+
+
+def test_a_synchronous_get_of_a_lane_pops_inside_the_script_and_a_publish_rings(redis_server, rc):
+    """kombu's ``Queue.get`` (basic_get) of a lane takes its message with POP_MORE too, naming its
+    record in the in-hand set; a message published or handed back through the transport rings."""
+    lane = unique("bellget")
+    record = keys.task_record(unique("t"))
+    in_hand = keys.process_in_hand(leases.process_id())
+    with Connection(redis_server.url, transport="lanes.transport:Transport") as conn:
+        channel = conn.channel()
+        queue = Queue(lane, Exchange(lane, type="direct"), routing_key=lane, channel=channel)
+        queue.declare()
+        conn.Producer(channel=channel).publish({"n": 1}, exchange=queue.exchange, routing_key=lane,
+                                               serializer="json", priority=0,
+                                               headers={LEASED_HEADER: True, RECORD_HEADER: record})
+        assert _bell_bits(rc, lane) == [1]  # kombu priority 0: the lane's first list
+        rc.delete(keys.lane_doorbell(lane))
+        with Monitor(rc) as monitor:
+            message = queue.get(no_ack=False)
+        assert message is not None and message.payload == {"n": 1}
+        assert not monitor.pops_outside_scripts(lane), monitor.pops_outside_scripts(lane)
+        assert rc.sismember(in_hand, record)
+        message.reject(requeue=True)  # handed back from memory
+        assert _bell_bits(rc, lane) == [1] and rc.llen(lane) == 1
+    rc.delete(lane, keys.lane_doorbell(lane), in_hand)
