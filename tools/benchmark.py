@@ -55,6 +55,9 @@ DRAMATIQ_SYSTEMS = ("dramatiq", "dramatiq-defaults")
 #: Issue 16's budget: most Redis commands per task on the platform's plain path (commands inside
 #: scripts included), asserted by tests/integration/test_redis_budget.py and test_benchmark.py.
 PLAIN_PATH_COMMANDS_BUDGET = 25
+#: Issue 16's budget per item of a batched type sent in bulk (row ``batch-bulk``): admit_many.lua, then
+#: claim_batch.lua and finish_batch.lua (docs/redis-budget.md).
+BATCH_ITEM_COMMANDS_BUDGET = 10
 #: Threads per process of Dramatiq's own default (``dramatiq --threads``).
 DRAMATIQ_DEFAULT_THREADS = 8
 WORKLOADS: dict[str, str] = {

@@ -99,6 +99,18 @@ class Worker:
         self.proc = None
         self._terminating = False
 
+    def discard(self) -> None:
+        """SIGKILL the whole process group, if still running, and forget it (a test's end)."""
+        if not self.proc:
+            return
+        self._reap_group()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        self.proc = None
+        self._terminating = False
+
     def kill(self) -> None:
         """SIGKILL the main process and its pool children (its process group)."""
         if not self.proc:
