@@ -62,13 +62,18 @@ def lane_queues(lane: str) -> list[str]:
 LANE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 #: Celery queues that are never lanes (their names are refused as lane names by ``lanes.models``).
 NON_LANE_QUEUES = frozenset({"ingress", "celery"})
+#: Name prefixes and suffixes of kombu's and Celery's own queues (remote-control replies
+#: ``<id>.reply.celery.pidbox``, events), refused as lane names by ``lanes.models`` too.
+NON_LANE_PREFIXES = ("_kombu.", "celeryev.", "celery-task-meta-", "celery-taskset-meta-", "chord-unlock")
+NON_LANE_SUFFIXES = (".pidbox",)
 #: Suffix of a lane's doorbell, beside its lists (the Lua scripts append it to the lane's name).
 DOORBELL_SUFFIX = ":bell"
 
 
 def is_lane_queue(queue: str) -> bool:
     """Whether the Celery queue ``queue`` is a lane's (its messages are the platform's, pushed with a ring)."""
-    return queue not in NON_LANE_QUEUES and LANE_NAME_RE.match(queue) is not None
+    return (queue not in NON_LANE_QUEUES and LANE_NAME_RE.match(queue) is not None
+            and not queue.startswith(NON_LANE_PREFIXES) and not queue.endswith(NON_LANE_SUFFIXES))
 
 
 def lane_doorbell(lane: str) -> str:
