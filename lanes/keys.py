@@ -8,6 +8,8 @@ them as they are (``lane`` for kombu priority 0, ``lane:N`` for 1..9).
 
 from __future__ import annotations
 
+import re
+
 PREFIX = "dispatch:"
 PRIORITY_LEVELS = 10
 
@@ -53,6 +55,36 @@ def lane_queue(lane: str, kombu_priority: int) -> str:
 
 def lane_queues(lane: str) -> list[str]:
     return [lane_queue(lane, p) for p in range(PRIORITY_LEVELS)]
+
+
+#: What a lane's name may be (``lanes.models`` validates it with the same pattern): no ':', so
+#: ``lane_doorbell`` and a lane's lists can never be another lane's.
+LANE_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+#: Celery queues that are never lanes (their names are refused as lane names by ``lanes.models``).
+NON_LANE_QUEUES = frozenset({"ingress", "celery"})
+#: Name prefixes and suffixes of kombu's and Celery's own queues (remote-control replies
+#: ``<id>.reply.celery.pidbox``, events), refused as lane names by ``lanes.models`` too.
+NON_LANE_PREFIXES = ("_kombu.", "celeryev.", "celery-task-meta-", "celery-taskset-meta-", "chord-unlock")
+NON_LANE_SUFFIXES = (".pidbox",)
+#: Suffix of a lane's doorbell, beside its lists (the Lua scripts append it to the lane's name).
+DOORBELL_SUFFIX = ":bell"
+
+
+def is_lane_queue(queue: str) -> bool:
+    """Whether the Celery queue ``queue`` is a lane's (its messages are the platform's, pushed with a ring)."""
+    return (queue not in NON_LANE_QUEUES and LANE_NAME_RE.match(queue) is not None
+            and not queue.startswith(NON_LANE_PREFIXES) and not queue.endswith(NON_LANE_SUFFIXES))
+
+
+def lane_doorbell(lane: str) -> str:
+    """A list holding at most one token, pushed whenever a message is pushed onto ``lane``'s lists.
+
+    Workers block on it instead of on the lists and then take messages in one script
+    that names them in their in-hand set (``lanes/lua/pop_more.lua``, docs/liveness.md).
+    The token is the bits of the lists pushed since it was rung (bit p: kombu priority p).
+    Bare like the lists (``lane:bell``), because the scripts build it from a list's name.
+    """
+    return lane + DOORBELL_SUFFIX
 
 
 def lane_delayed(lane: str) -> str:

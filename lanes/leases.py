@@ -135,14 +135,12 @@ def keep_alive() -> None:
 def take_in_hand(record: str, written: bool = False) -> None:
     """A worker main process popped ``record``'s message: have it named in the process's in-hand set.
 
-    The lease thread writes it, woken at once and batching every record popped
-    meanwhile into one ``SADD``, so the event loop never waits on Redis for it:
-    with ``appendfsync always`` each write waits for an fsync, and one such
-    wait per popped message held ``make run``'s workers near 330 tasks/s. A
-    process killed between the pop and that write (about a round trip, as
-    between the pop and a synchronous write before) leaves the task to its
-    queued lease (docs/liveness.md). ``written``: the pop wrote it already
-    (``lanes/lua/pop_more.lua``). The ack costs nothing (removed at the next beat).
+    ``written``: the pop wrote it already, as every pop of a lane list does
+    (``lanes/lua/pop_more.lua``, docs/liveness.md): only kept in memory here, so
+    the ack costs nothing (removed at the next beat). Otherwise (a leased
+    message that reached a worker some other way) the lease thread writes it,
+    woken at once and batching every record popped meanwhile into one ``SADD``,
+    so the event loop never waits on Redis for it.
     """
     with _lock:
         _in_hand[record] = _in_hand.get(record, 0) + 1

@@ -3,7 +3,9 @@ an ack lost to an unreachable Redis cannot either, and a message popped as a
 worker shuts down goes back to its queue; and lean: between its pop and its ack
 a platform task's message costs at most a share of one batched Redis call
 (naming it in the worker's in-hand set, where a dead worker's popped messages
-are found: docs/liveness.md), and several messages come in one pop.
+are found: docs/liveness.md), and several messages come in one pop. A lane's
+messages are popped only by a script that names them in that set in the same
+call: the worker blocks on the lane's doorbell, never on its lists.
 
 Stock kombu keeps a copy of every delivered message in Redis (its unacked hash,
 one pipelined call on receipt, another on ack) so that it can hand it back
@@ -13,12 +15,11 @@ queued until the claim, renewed while it runs, and, once finished, until its
 result row is stored; the recovery sweep republishes it when a lease runs out,
 and the claim lets exactly one copy run. So a message marked as leased
 (``LEASED_HEADER``) is held in worker memory, its record named in the
-process's in-hand set as it is popped (by ``POP_MORE`` itself, or by
-``lanes.leases.take_in_hand``: one batched SADD instead of kombu's HSET and
-ZADD per message): the ack is free (the entry is removed at the
-next liveness beat), and a message handed back (rejected, or held at shutdown)
-is pushed back from memory. Any other message (Celery's own tasks) keeps
-kombu's handling.
+process's in-hand set by the pop itself (``POP_MORE``: one SADD for every
+message it takes, instead of kombu's HSET and ZADD per message): the ack is
+free (the entry is removed at the next liveness beat), and a message handed
+back (rejected, or held at shutdown) is pushed back from memory, ringing its
+lane's doorbell. Any other message (Celery's own tasks) keeps kombu's handling.
 
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
@@ -27,17 +28,24 @@ reads as a lost connection. Here such a message is logged, reported through
 ``lanes.signals.message_unreadable`` (the tasks app keeps it as a ``malformed``
 dead letter), and dropped; the worker goes on.
 
-Stock kombu pops one message per ``BRPOP``, and the worker's next pop waits for
-that reply. With ``appendfsync always`` (``make run``'s Redis) a pop is a write
-and its reply waits for Redis's next fsync, so each worker main process took at
-most one message per fsync: about 330 tasks/s for ``make run``'s two, whatever
-their threads. Here a pop that delivered a message is followed by one call that
-takes as many more as the prefetch window has room for (``lanes/lua/pop_more.lua``: the
-lane's priority lists in ``BRPOP``'s order), each delivered as if popped alone.
-A lane that keeps up has nothing more to take, and that call would cost an
-``RPOP`` per priority list for nothing: after a call that found nothing the
-next ones are skipped, for up to ``POP_MORE_SKIP_MAX`` pops, doubling while they
-keep finding nothing.
+Stock kombu pops one message per ``BRPOP`` on the queue's lists, and names it
+in Redis only after the reply: a worker killed in between left it in no list
+and no set. Here, for a lane queue (``lanes.keys.is_lane_queue``), the
+``BRPOP`` names the lane's doorbell (``lanes.keys.lane_doorbell``), a list
+holding at most one token that every push onto the lane's lists rings (the
+platform's scripts, and ``_put`` / ``_do_restore_message`` here); a queue that
+is not a lane keeps kombu's ``BRPOP`` on its lists, in the same command. A
+token runs ``POP_MORE`` (``lanes/lua/pop_more.lua``): as many messages as the
+prefetch window has room for (at least one), from the lists the token names in
+``BRPOP``'s order, each named in the in-hand set in the same script and
+delivered as if popped alone; one that fills its room rings again so another
+idle worker wakes. A ``BRPOP`` that times out (kombu's ``brpop_timeout``, 1 s)
+looks at every list of the channel's lanes anyway, and so does a token when the
+lane's lists were not all looked at within that time: a token lost with a
+killed worker, or a message pushed without a ring (a bare Celery client),
+waits about a second at most. With ``appendfsync always`` (``make run``'s
+Redis) a pop is a write whose reply waits for Redis's next fsync, so taking
+several messages a pop is what lets a worker take more than one per fsync.
 
 Stock kombu frees a message's prefetch slot only after its ack reached Redis.
 An ack that timed out (Redis frozen, fault scenario 4) kept its slot forever:
@@ -52,6 +60,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 
 import redis
@@ -62,6 +71,7 @@ from kombu.utils.json import loads
 
 from lanes import keys, leases
 from lanes.lua.pop_more import pop_more
+from lanes.lua.ring import ring
 from lanes.signals import message_unreadable
 
 logger = logging.getLogger(__name__)
@@ -75,8 +85,6 @@ RECORD_HEADER = "dispatch_record"
 
 #: Most messages one ``POP_MORE`` call takes (the prefetch window bounds it first).
 POP_MORE_MAX = 64
-#: Most pops after an empty ``POP_MORE`` before the next is tried (the lane kept up).
-POP_MORE_SKIP_MAX = 16
 
 def record_of(message) -> str | None:
     """The task record a leased message stands for (older messages: from its body)."""
@@ -183,34 +191,180 @@ class Channel(kombu_redis.Channel):
             if transport is not None:
                 transport.closing_channel = None
 
-    #: Pops left before POP_MORE is tried again, and the next skip (both grow while it finds nothing).
-    _pop_more_skip = 0
-    _pop_more_backoff = 0
     #: While delivering what POP_MORE took: the record it named in the in-hand set for this message.
     _popped_in_hand = ""
+    #: The lanes whose doorbells the BRPOP in flight names: doorbell -> lane (its queue).
+    _bells: dict[str, str] = {}
+    #: When each lane's lists were last all looked at (``time.monotonic()``).
+    _looked_at_all: dict[str, float] = {}
+
+    def _is_lane(self, queue: str) -> bool:
+        # A global key prefix (not used by the platform) would have to reach the scripts' keys too.
+        return not self.global_keyprefix and keys.is_lane_queue(queue)
+
+    def _brpop_start(self, timeout=None):
+        # kombu's, with each lane's doorbell in place of its lists (the lists of any other
+        # queue stay, in kombu's order: priority first, then the channel's queue order).
+        if timeout is None:
+            timeout = self.brpop_timeout
+        queues = self._queue_cycle.consume(len(self.active_queues))
+        if not queues:
+            return
+        bells = {keys.lane_doorbell(queue): queue for queue in queues if self._is_lane(queue)}
+        lanes = set(bells.values())
+        first = self.priority_steps[0]
+        names = [keys.lane_doorbell(queue) if queue in lanes else self._q_for_pri(queue, pri)
+                 for pri in self.priority_steps for queue in queues if queue not in lanes or pri == first]
+        self._bells = bells
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = kombu_redis.monotonic()
+        command_args = ["BRPOP", *names, timeout or 0]
+        if self.global_keyprefix:
+            command_args = self.client._prefix_args(command_args)
+        self.client.connection.send_command(*command_args)
 
     def _brpop_read(self, **options):
-        # kombu's, with the popped message delivered through _deliver_popped and
-        # followed by _pop_more.
+        # kombu's, for three replies: a message of a queue that is not a lane (delivered as
+        # kombu does), a lane's doorbell token (POP_MORE takes that lane's messages), or
+        # nothing within the timeout (POP_MORE looks at every lane's lists anyway).
+        bells, lane, token = self._bells, None, None
         try:
             try:
                 dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
             except self.connection_errors:
                 self.client.connection.disconnect()  # the next iteration reconnects
                 raise
-            if not dest__item:
-                raise kombu_redis.Empty()
-            dest, item = dest__item
-            queue = bytes_to_str(dest).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(queue)
-            self._deliver_popped(item, queue)
+            if dest__item:
+                dest, item = dest__item
+                dest = bytes_to_str(dest)
+                lane = bells.get(dest)
+                if lane is None:
+                    queue = dest.rsplit(self.sep, 1)[0]
+                    self._queue_cycle.rotate(queue)
+                    self._deliver_popped(item, queue)
+                    return True
+                token = bytes_to_str(item)
         finally:
             self._in_poll = None
             flush_reauth = getattr(self, "_flush_brpop_reauth", None)
             if flush_reauth is not None:
                 flush_reauth()
-        self._pop_more(queue)
-        return True
+        if lane is not None:
+            self._queue_cycle.rotate(lane)
+            if getattr(self, "_closing", False) or lane not in self.active_queues:
+                # Closing, or the lane was cancelled (paused) since the BRPOP was sent: another
+                # worker takes them.
+                self._ring_again(lane, token)
+                raise kombu_redis.Empty()
+            if self._take(lane, _token_bits(token)):
+                return True
+            raise kombu_redis.Empty()
+        taken = 0
+        active = self.active_queues
+        polled = [lane for lane in dict.fromkeys(bells.values()) if lane in active]
+        if not polled or getattr(self, "_closing", False) or not self._holds_any(polled):
+            raise kombu_redis.Empty()
+        for lane in polled:
+            if getattr(self, "_closing", False) or (taken and self._room() <= 0):
+                break
+            taken += self._take(lane, None)
+        if taken:
+            return True
+        raise kombu_redis.Empty()
+
+    def _get(self, queue):
+        # A synchronous get (``basic_get``, kombu's ``Queue.get``) of a lane takes its message with
+        # POP_MORE too, so it is in the in-hand set as it leaves its list; basic_get's QoS.append
+        # finds it already written.
+        if not self._is_lane(queue):
+            return super()._get(queue)
+        lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
+        with self.conn_or_acquire() as client:
+            popped = pop_more(client, queue, lists, 1, None)
+            self._maybe_update_queues_expire(client, queue)
+        if not popped:
+            raise kombu_redis.Empty()
+        item, self._popped_in_hand = popped[0]
+        return loads(bytes_to_str(item))
+
+    def basic_get(self, queue, no_ack=False, **kwargs):
+        try:
+            return super().basic_get(queue, no_ack=no_ack, **kwargs)
+        finally:
+            self._popped_in_hand = ""
+
+    def _holds_any(self, lanes: list[str]) -> bool:
+        """Whether any list of ``lanes`` holds a message (one EXISTS: an idle worker's poll costs
+        one command a second, whatever its lanes)."""
+        names = [self._q_for_pri(lane, pri) for lane in lanes for pri in self.priority_steps]
+        with self.conn_or_acquire() as client:
+            return bool(client.exists(*names))
+
+    def _room(self) -> int:
+        estimate = self.qos.can_consume_max_estimate()
+        return POP_MORE_MAX if estimate is None else min(estimate, POP_MORE_MAX)
+
+    def _take(self, lane: str, bits: int | None) -> int:
+        """Take what the prefetch window has room for (at least one) from ``lane``'s lists, in one
+        call that names each record in the in-hand set, and deliver it; returns how many.
+
+        ``bits``: the lists a doorbell token names; None, or the lane's lists were not all looked
+        at for a BRPOP timeout: every list (a push that did not ring, a token lost with a killed
+        worker, is found within that time even on a lane whose doorbell never stops ringing).
+        """
+        if self.closed or self.connection is None:
+            return 0
+        now = time.monotonic()
+        if bits is not None and now - self._looked_at_all.get(lane, 0.0) >= self.brpop_timeout:
+            bits = None
+        if bits is None:
+            self._looked_at_all = {**self._looked_at_all, lane: now}
+        lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
+        with self.conn_or_acquire() as client:
+            popped = pop_more(client, lane, lists, max(1, self._room()), bits)
+        try:
+            for item, record in popped:
+                self._popped_in_hand = record
+                self._deliver_popped(item, lane)
+        finally:
+            self._popped_in_hand = ""
+        return len(popped)
+
+    def _ring_again(self, lane: str, token: str | None) -> None:
+        """Put back a doorbell token this channel took and will not act on."""
+        bits = _token_bits(token)
+        priorities = set(range(len(self.priority_steps))) if bits is None else \
+            {p for p in range(len(self.priority_steps)) if bits >> p & 1}
+        try:
+            with self.conn_or_acquire() as client:
+                ring(client, lane, priorities)
+        except Exception:  # the other workers' poll finds the messages within a second
+            logger.warning("doorbell_not_rung_again lane=%s", lane, exc_info=True)
+
+    def _put(self, queue, message, **kwargs):
+        # A message published through this transport onto a lane (not the platform's own
+        # publish, which rings in its script) rings too. Batched publishing (kombu's
+        # publish_batch) does not: the workers' poll finds it within a second.
+        batched = kwargs.get("_publish_batch") is not None
+        super()._put(queue, message, **kwargs)
+        if self._is_lane(queue) and not batched:
+            with self.conn_or_acquire() as client:
+                ring(client, queue, {self.priority(self._get_message_priority(message, reverse=False))})
+
+    def _do_restore_message(self, payload, exchange, routing_key, pipe, leftmost=False):
+        # A message handed back to a lane (from memory or kombu's unacked hash) rings, in the
+        # same transaction when ``pipe`` is one.
+        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        try:
+            lanes = [queue for queue in self._lookup(exchange, routing_key) if self._is_lane(queue)]
+            if lanes:
+                priority = self.priority(self._get_message_priority(payload, reverse=False))
+                for lane in lanes:
+                    ring(pipe, lane, {priority})
+        except self.connection_errors:
+            raise
+        except Exception:  # as kombu's own restore: the poll finds the message within a second
+            logger.error("doorbell_not_rung lane_of=%r", routing_key, exc_info=True)
 
     def _deliver_popped(self, item, queue: str) -> None:
         try:
@@ -221,30 +375,13 @@ class Channel(kombu_redis.Channel):
             logger.error("undecodable_message_dropped error=%r", exc)
             _report_unreadable(exc)
 
-    def _pop_more(self, queue: str) -> None:
-        """Take what the prefetch window still has room for from ``queue`` in one call, and deliver it."""
-        if self.closed or self.global_keyprefix or self.connection is None:
-            return
-        room = min(self.qos.can_consume_max_estimate() or 0, POP_MORE_MAX)
-        if room <= 0:
-            return
-        if self._pop_more_skip > 0:
-            self._pop_more_skip -= 1
-            return
-        lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
-        with self.conn_or_acquire() as client:
-            popped = pop_more(client, lists, room)
-        if popped:
-            self._pop_more_backoff = 0
-        else:
-            self._pop_more_backoff = min(POP_MORE_SKIP_MAX, max(1, 2 * self._pop_more_backoff))
-            self._pop_more_skip = self._pop_more_backoff
-        try:
-            for item, record in popped:
-                self._popped_in_hand = record
-                self._deliver_popped(item, queue)
-        finally:
-            self._popped_in_hand = ""
+
+def _token_bits(token: str | None) -> int | None:
+    """The lists a doorbell token names (bit p: kombu priority p); None: unreadable, every list."""
+    try:
+        return int(token) if token is not None else None
+    except ValueError:
+        return None
 
 
 def _report_unreadable(exc: Exception) -> None:

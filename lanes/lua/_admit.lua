@@ -8,7 +8,8 @@
 -- the lane's writes that many items share to pend_flush: the waiting count's
 -- INCR (one INCRBY), the deadlines and leases ZADDs (one each) and the lane
 -- list's LPUSH (one per priority list, the items in their order, so the list
--- holds them as one LPUSH each would have left them). Nothing in a call reads
+-- holds them as one LPUSH each would have left them) and the lane's doorbell's
+-- ring (_lib.lua), once a call. Nothing in a call reads
 -- what is deferred except the waiting count, which ``pend`` carries; an item
 -- that takes another path (a limit, sent for later) flushes first, so the
 -- helpers it calls see every earlier item's writes. Everything an item reads
@@ -33,7 +34,14 @@ local function pend_flush(pend, waiting_key, deadlines_key, leases_key)
   end
   call_in_runs('ZADD', deadlines_key, pend.deadlines)
   call_in_runs('ZADD', leases_key, pend.leases)
-  for _, list in ipairs(pend.order) do call_in_runs('LPUSH', list, pend.lists[list]) end
+  -- One ring per lane doorbell for every list the call pushed to (a chunk is one lane's).
+  local bells = {}
+  for _, list in ipairs(pend.order) do
+    call_in_runs('LPUSH', list, pend.lists[list])
+    local bell = bell_of(list)
+    bells[bell] = bit.bor(bells[bell] or 0, bell_bit(list))
+  end
+  for bell, bits in pairs(bells) do ring(bell, bits) end
   local fresh = pend_new()
   for name, value in pairs(fresh) do pend[name] = value end
 end
@@ -161,6 +169,7 @@ elseif direct then
     l[#l + 1] = KEYS[2]
   else
     redis.call('LPUSH', queue_key, tagged)
+    ring(bell_of(queue_key), bell_bit(queue_key))
     redis.call('ZADD', KEYS[3], now + tonumber(ARGV[12]), KEYS[2])
   end
 end

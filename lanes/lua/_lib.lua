@@ -14,6 +14,34 @@
 -- either in the delayed set (runnable, not due: promote.lua publishes it) or in
 -- its chat's queue behind the head (hand_over parks it or publishes it).
 
+-- Doorbells (lanes/transport.py, docs/liveness.md). A worker blocks on its lanes'
+-- doorbells, never on their lists, and takes messages with pop_more.lua, which
+-- names each one's record in the worker's in-hand set in the same call. So every
+-- push onto a lane list rings the lane's doorbell: a list beside the lane's lists
+-- (lanes.keys.lane_doorbell: the lane's name, which has no ':', and ':bell')
+-- holding at most one token, the bits of the lane lists pushed since it was rung
+-- (bit p: list ``lane:p``, kombu priority p), so the worker that takes it looks
+-- only at those lists. ring returns nothing; it costs an LINDEX, and an LPUSH
+-- (no token yet) or an LSET (a list not in the token yet).
+local function bell_of(list)
+  return (string.match(list, '^[^:]+')) .. ':bell'
+end
+
+local function bell_bit(list)
+  return bit.lshift(1, tonumber(string.match(list, ':(%d+)$') or '0'))
+end
+
+local function ring(bell, bits)
+  local token = redis.call('LINDEX', bell, 0)
+  if not token then
+    redis.call('LPUSH', bell, bits)
+    return
+  end
+  local had = tonumber(token) or 1023
+  local merged = bit.bor(had, bits)
+  if merged ~= had then redis.call('LSET', bell, 0, merged) end
+end
+
 -- Publish a record's message to its lane list with a fresh delivery tag, and
 -- give it a lease after which the recovery sweep republishes it. ``state`` is
 -- the record's state from now on (default 'queued'; a finished record whose
@@ -26,6 +54,7 @@ local function publish_record(record, leases_key, lease_until, state)
   local pub = redis.call('HINCRBY', record, 'pub', 1)
   local task_id = string.match(record, '([^:]+)$')
   redis.call('LPUSH', f[2], string.sub(msg, 1, mark - 1) .. task_id .. '.' .. pub .. string.sub(msg, mark + 1))
+  ring(bell_of(f[2]), bell_bit(f[2]))
   redis.call('HSET', record, 'st', state or 'queued', 'own', '')
   redis.call('ZADD', leases_key, lease_until, record)
   return true

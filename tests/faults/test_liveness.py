@@ -19,20 +19,13 @@ from tools.loadcheck import chat_stalls
 BOUND_S = 10.0
 #: The production leases: a recovery that waited for one would take 30 s or more.
 PRODUCTION_LEASES = {"DISPATCH_LEASE_S": "30", "DISPATCH_QUEUED_LEASE_S": "60"}
-#: The one window liveness cannot see (docs/liveness.md): Redis handed a message to a main
-#: process's BRPOP in the instant it was killed, before it could name it in its in-hand set.
-#: At most one such message per killed main process (one BRPOP in flight per connection), and
-#: only the lease sweep's backstop recovers it: when its queued lease (60 s here) runs out, plus
-#: a sweep period. A chat that waited between ``BOUND_S`` and that is a failure of liveness
-#: (before it, a dead worker's claim came back after its 30 s lease).
-RACE_WINDOW_S = (60 - 5, 60 + 15 + BOUND_S)
 
 
-def _assert_moved(rep, stalled: int, killed_mains: int) -> None:
-    """Every chat moved within ``BOUND_S``, but for at most one BRPOP race per killed main process."""
-    waits = [e["waited_s"] for e in rep.examples.get("stalled_chats", [])]
-    assert stalled <= killed_mains, rep.examples.get("stalled_chats")
-    assert all(RACE_WINDOW_S[0] <= w <= RACE_WINDOW_S[1] for w in waits), waits
+def _assert_moved(rep, stalled: int) -> None:
+    """Every chat moved within ``BOUND_S``: none waits for a lease (a worker pops a lane's messages
+    only in the script that names them in its in-hand set, so a kill never leaves one in no set:
+    docs/liveness.md, doorbells)."""
+    assert stalled == 0, rep.examples.get("stalled_chats")
 
 
 def _check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, scenario_id: str, lane: str, record,
@@ -85,7 +78,7 @@ def test_l1_main_process_killed_holding_popped_messages(cluster_factory, record)
                           lane=lane, record=record, started=started, extra={"kills": kills})
     assert held >= 2
     assert rep.accepted > 0 and rep.accounted, rep.summary()
-    _assert_moved(rep, stalled, killed_mains=kills)
+    _assert_moved(rep, stalled)
 
 
 def test_l2_pool_child_killed_mid_task(cluster_factory, record):
@@ -147,7 +140,7 @@ def test_l3_whole_host_killed(cluster_factory, record):
                           started=started, extra={"host_processes_killed": len(procs_a)})
     assert len(victims) == 2 and len(procs_a) >= 3  # two main processes, pool children, all beating
     assert rep.accepted > 0 and rep.accounted, rep.summary()
-    _assert_moved(rep, stalled, killed_mains=len(victims))
+    _assert_moved(rep, stalled)
 
 
 @long_only("l1-l3 (killed processes and hosts) run here")

@@ -1,0 +1,9 @@
+-- ring.lua: ring a lane's doorbell after a push made outside the platform's scripts
+-- (lanes/transport.py: a message published or handed back through the broker
+-- channel onto a lane list). _lib.lua's ring: at most one token, its bits the lists
+-- pushed since it was rung.
+--
+-- KEYS[1] the lane's doorbell (lanes.keys.lane_doorbell)
+-- ARGV[1] the bits of the lists pushed (bit p: the lane's list of kombu priority p)
+ring(KEYS[1], tonumber(ARGV[1]))
+return 1

@@ -1,0 +1,16 @@
+"""``ring.lua``'s wrapper: ring a lane's doorbell after a push made by the broker channel itself."""
+
+from __future__ import annotations
+
+from redis import Redis
+
+from lanes import keys
+from lanes.lua.loader import script
+
+NAME = "ring"
+
+
+def ring(client: Redis, lane: str, kombu_priorities: set[int]) -> None:
+    """Tell ``lane``'s idle workers that its lists of ``kombu_priorities`` were pushed to (on ``client``)."""
+    bits = sum(1 << p for p in kombu_priorities)
+    script(NAME)(keys=[keys.lane_doorbell(lane)], args=[bits], client=client)
