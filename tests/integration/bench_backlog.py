@@ -1,12 +1,14 @@
 """Measurement (not part of ``make test``): recovery sweeps against a backlog of 100,000 tasks.
 
-Run: ``.venv/bin/python -m pytest tests/integration/bench_backlog.py -s -q`` (about 2 minutes).
+Run: ``.venv/bin/python -m pytest tests/integration/bench_backlog.py -s -q`` (about 2 minutes a variant).
 Side by side, in one run: a probe of 100 dispatches/s on one lane with no backlog, then the
 same probe while 100,000 tasks wait on another lane past every lease, with the maintenance
 loop (promote, expire, reclaim, lease sweep) running every 0.2 s, sweep included every pass
 (production sweeps every few seconds). Redis' SLOWLOG logs every command during each phase
 (threshold 0): per script, its calls' median and largest time, the calls over 1 ms, and where
-those fall in the sequence of script calls. Numbers are printed and recorded in BENCHMARKS.md;
+those fall in the sequence of script calls. A control follows: as many calls of a script that
+only spins for the sweep's median time, paced alike, so that what the machine adds to any call
+of that length is read beside the sweep's. Numbers are printed and recorded in BENCHMARKS.md;
 nothing here asserts a speed.
 """
 
@@ -105,6 +107,43 @@ def _realtime(pid: int, on: bool) -> str:
         return f"not changed ({exc})"
 
 
+#: A script that only spins: ARGV[1] iterations of arithmetic, no key, no allocation.
+SPIN = "local x = 0 for i = 1, tonumber(ARGV[1]) do x = x + i % 7 end return x"
+
+
+def _control(rc, redis_server, policy: str, target_ms: float, calls: int = 2250, seconds: float = 20) -> dict:
+    """As many calls as the sweep made, of a script that only spins for the sweep's median time, paced
+    over the same 20 s: its calls over 1 ms are what the machine adds to any call of that length."""
+    sha = rc.script_load(SPIN)
+    spins = 1000
+    for _ in range(8):  # calibrate on Redis' own clock (SLOWLOG)
+        rc.config_set("slowlog-log-slower-than", 0)
+        rc.slowlog_reset()
+        for _ in range(20):
+            rc.evalsha(sha, 0, spins)
+        took = sorted(e["duration"] for e in rc.slowlog_get(64) if "EVALSHA" in str(e["command"]))
+        median_us = took[len(took) // 2] if took else 1
+        spins = max(1, int(spins * target_ms * 1000 / max(median_us, 1)))
+    if policy == "realtime":
+        _realtime(redis_server.proc.pid, True)
+    rc.config_set("slowlog-log-slower-than", 0)
+    rc.config_set("slowlog-max-len", SLOWLOG_LEN)
+    rc.slowlog_reset()
+    start = time.perf_counter()
+    for i in range(calls):
+        delay = start + i * seconds / calls - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        rc.evalsha(sha, 0, spins)
+    times = sorted(e["duration"] / 1000 for e in rc.slowlog_get(SLOWLOG_LEN) if "EVALSHA" in str(e["command"]))
+    rc.config_set("slowlog-log-slower-than", 10000)
+    rc.config_set("slowlog-max-len", 128)
+    if policy == "realtime":
+        _realtime(redis_server.proc.pid, False)
+    return {"calls": len(times), "p50_ms": round(times[len(times) // 2], 3) if times else None,
+            "max_ms": round(times[-1], 3) if times else None, "over_1ms": sum(1 for t in times if t > 1)}
+
+
 @pytest.mark.parametrize("policy", ["shared", "realtime"])
 def test_backlog_bench(rc, redis_server, policy):
     probe_type, probe_lane = unique("bb-probe"), unique("l-bb-probe")
@@ -155,6 +194,9 @@ def test_backlog_bench(rc, redis_server, policy):
           f"script calls: {_report(calls_before)}")
     print(f"probe {PROBE_RATE}/s x {PROBE_S}s, with backlog: {percentiles(during)} ms; "
           f"script calls: {_report(calls_during)}")
+    sweep_median = _report(calls_during)["sweep"]["p50_ms"]  # type: ignore[index]
+    control = _control(rc, redis_server, policy, sweep_median)
+    print(f"control, a Lua loop of the sweep's median time touching no key: {control}")
     pipe = rc.pipeline(transaction=False)
     for i in range(0, len(records), 1000):
         pipe.delete(*records[i:i + 1000])
