@@ -65,16 +65,12 @@ def test_payload_or_metadata_nested_too_deep_is_a_rejection_not_an_exception():
         assert err.value.reason == reason
 
 
-def test_a_message_popped_as_the_worker_shuts_down_goes_back_to_its_queue(rc):
-    """Defect (scenario 2, intermittent): a warm shutdown closes the broker connection while a BRPOP
-    is pending. kombu takes each channel out of the transport's list, then closes it; closing reads
-    the pending reply, and a message in it, having no consumer left, is handed to "the first
-    channel" of an empty list: dropped without a word. Its chat waited for the recovery sweep (the
-    queued lease, 60 s in production)."""
+def _pending_pop_at_shutdown(rc, name: str):
+    """A consumer with its BRPOP sent, one message published onto ``name``, then cancelled and closed
+    as Celery does at a warm shutdown. Returns what Redis held once the pending reply was read."""
     from django.conf import settings
     from kombu import Connection, Exchange, Queue
 
-    name = unique("l-popped")
     with Connection(settings.REDIS_URL, transport="lanes.transport:Transport") as conn:
         channel = conn.channel()
         queue = Queue(name, Exchange(name, type="direct"), routing_key=name, channel=channel)
@@ -84,9 +80,40 @@ def test_a_message_popped_as_the_worker_shuts_down_goes_back_to_its_queue(rc):
         conn.transport.cycle.on_poll_start()  # sends the worker's BRPOP
         conn.Producer(channel=conn.channel()).publish({"n": 1}, exchange=queue.exchange, routing_key=name,
                                                       serializer="json")
+        yield conn
+        consumer.cancel()  # Celery cancels its consumers, then closes the connection
+
+
+def test_a_message_popped_as_the_worker_shuts_down_goes_back_to_its_queue(rc):
+    """Defect (scenario 2, intermittent): a warm shutdown closes the broker connection while a BRPOP
+    is pending. kombu takes each channel out of the transport's list, then closes it; closing reads
+    the pending reply, and a message in it, having no consumer left, is handed to "the first
+    channel" of an empty list: dropped without a word. Its chat waited for the recovery sweep (the
+    queued lease, 60 s in production). Since the lane doorbells only a queue that is not a lane
+    (``ingress``: its messages have no record) is popped by BRPOP; this one is such a queue."""
+    name = f"nonlane@{unique('popped')}"
+    from lanes import keys
+    assert not keys.is_lane_queue(name)
+    for _ in _pending_pop_at_shutdown(rc, name):
         wait = time.time() + 5
         while rc.llen(name) and time.time() < wait:  # Redis hands it to the pending BRPOP
             time.sleep(0.01)
         assert rc.llen(name) == 0
-        consumer.cancel()  # Celery cancels its consumers, then closes the connection
     assert rc.llen(name) + sum(rc.llen(f"{name}:{p}") for p in range(1, 10)) == 1, "the popped message was dropped"
+
+
+def test_a_doorbell_token_read_as_the_worker_shuts_down_is_rung_again(rc):
+    """The same shutdown on a lane: the pending BRPOP names the lane's doorbell, so Redis hands it the
+    token, never the message. The message stays in its list and the token is rung again for the
+    next worker (lanes/transport.py), so no worker waits a second for the poll."""
+    from lanes import keys
+
+    name = unique("l-popped")
+    bell = keys.lane_doorbell(name)
+    for _ in _pending_pop_at_shutdown(rc, name):
+        wait = time.time() + 5
+        while rc.llen(bell) and time.time() < wait:  # Redis hands the token to the pending BRPOP
+            time.sleep(0.01)
+        assert rc.llen(bell) == 0 and rc.llen(name) == 1
+    assert rc.llen(name) == 1, "the message left its list"
+    assert rc.llen(bell) == 1, "the token read at shutdown was not rung again"
