@@ -7,9 +7,8 @@ import json
 import time
 
 from lanes import keys
-from tasks import maintenance
 from tasks.dispatch import dispatch
-from tests.support.helpers import define, lane_depth, unique
+from tests.support.helpers import define, lane_depth, sweep_reaching, unique
 
 
 def _queued_lease_expires(rc, record: str) -> None:
@@ -32,7 +31,7 @@ def test_sweep_republishes_a_queued_task_only_when_its_copy_left_the_broker(rc):
 
     # Waiting in the lane past its lease: not copied; parked, so no later sweep looks at it.
     _queued_lease_expires(rc, record)
-    maintenance.sweep()
+    sweep_reaching(rc, record)
     assert lane_depth(rc, lane) == 1
     assert rc.zscore(keys.LEASES, record) == float("inf")
 
@@ -40,7 +39,7 @@ def test_sweep_republishes_a_queued_task_only_when_its_copy_left_the_broker(rc):
     raw = rc.rpop(queue)
     assert json.loads(raw)["properties"]["delivery_tag"] == f"{result.task_id}.1"
     _queued_lease_expires(rc, record)
-    maintenance.sweep()
+    sweep_reaching(rc, record)
     assert lane_depth(rc, lane) == 1
     assert json.loads(rc.lindex(queue, 0))["properties"]["delivery_tag"] == f"{result.task_id}.2"
 

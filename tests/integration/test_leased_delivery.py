@@ -18,9 +18,8 @@ from kombu import Connection, Exchange, Queue
 
 from lanes import keys
 from lanes.transport import LEASED_HEADER
-from tasks import maintenance
 from tasks.dispatch import dispatch
-from tests.support.helpers import define, lane_depth, unique, wait_until
+from tests.support.helpers import define, lane_depth, sweep_reaching, unique, wait_until
 from tools import probe
 
 TRANSPORT = "lanes.transport:Transport"
@@ -126,7 +125,7 @@ def test_a_worker_that_died_after_finishing_but_before_the_result_row_still_gets
 
     # Its lease runs out: the sweep sends a copy, whose delivery stores the row from the record.
     rc.zadd(keys.LEASES, {record: int((time.time() - 1) * 1000)})
-    republished, _ = maintenance.sweep()
+    republished = sweep_reaching(rc, record)
     assert republished >= 1 and lane_depth(rc, lane) == 1
     start_worker(lane, concurrency=1)
     assert result.get(timeout=30) == {"status": 200}
@@ -194,7 +193,7 @@ def test_a_claim_no_replica_confirmed_is_not_run_and_its_lease_brings_it_back(st
 
     # Its lease runs out: the sweep sends a copy, which runs once (no replicas asked for here).
     rc.zadd(keys.LEASES, {record: int((time.time() - 1) * 1000)})
-    republished, _ = maintenance.sweep()
+    republished = sweep_reaching(rc, record)
     assert republished >= 1
     start_worker(lane, concurrency=1)
     assert result.get(timeout=30) == {"status": 200}

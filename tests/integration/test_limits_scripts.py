@@ -234,7 +234,9 @@ def test_fair_share_takes_keys_in_turn_by_weight(rc):
 #: Issue 17 added 2 to the claim (the process joins the live set, the record its held set): 53.
 #: Issue 16's budget: 17 (admit 6, start 8, finish 3; no LLENs, counters kept in process, the
 #: lane's estimate inputs read at most once a second per process, no settle lease for a claimed task).
-UNLIMITED_PATH_COMMANDS = 17
+#: Issue 17's doorbells: admission rings the lane's doorbell, here one LINDEX (the warm-up's ring left
+#: a token naming the list; an LPUSH or LSET only when there is none or it lacks the list): 18.
+UNLIMITED_PATH_COMMANDS = 18
 
 
 def test_an_unlimited_type_pays_no_redis_command_for_limits(rc, redis_server, monkeypatch):
@@ -280,6 +282,7 @@ def test_an_unlimited_type_pays_no_redis_command_for_limits(rc, redis_server, mo
     assert not [c for c in script_cmds if "dispatch:lim:" in c]
     assert not [c for c in script_cmds if ":limited" in c]  # the depth is the lane's waiting count (issue 16)
     assert [c.split()[0] for c in script_cmds if c.endswith(":waiting")] == ["INCR", "DECR"]
+    assert [c for c in script_cmds if ":bell" in c] == [f"LINDEX {keys.lane_doorbell(lane)} 0"], script_cmds
     assert len(script_cmds) == UNLIMITED_PATH_COMMANDS, script_cmds
 
 

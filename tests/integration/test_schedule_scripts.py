@@ -14,7 +14,7 @@ from tasks import config
 from tasks.dispatch import admit, dispatch
 from tasks.maintenance import expire_due, promote_due, sweep
 from tests.integration.test_limits_scripts import run
-from tests.support.helpers import define, lane_depth, unique
+from tests.support.helpers import define, lane_depth, sweep_reaching, unique
 
 
 def record_of(rc, task_id: str, chat: str = "") -> dict[str, str]:
@@ -224,7 +224,7 @@ def test_the_sweep_makes_a_scheduled_task_that_promotion_missed_due_again(rc, pl
     rc.zadd(keys.LEASES, {record: int(time.time() * 1000) - 1})  # its lease ran out
     time.sleep(0.3)
     assert promote_due([lane]) == 0
-    sweep()
+    sweep_reaching(rc, record)
     assert record_of(rc, task_id)["st"] == "scheduled"
     assert promote_due([lane]) == 1
     rec = record_of(rc, task_id)
@@ -236,7 +236,7 @@ def test_the_sweep_never_makes_a_scheduled_task_due_before_its_eta(rc, plain):
     task_id = admit(name, {}, countdown=60).task_id
     record = keys.task_record(task_id)
     rc.zadd(keys.LEASES, {record: int(time.time() * 1000) - 1})  # a lease out of step with its eta
-    sweep()
+    sweep_reaching(rc, record)
     assert rc.zscore(keys.lane_delayed(lane), record) == int(record_of(rc, task_id)["eta"])
     assert promote_due([lane]) == 0 and record_of(rc, task_id)["pub"] == "0"
 

@@ -51,3 +51,25 @@ def lane_depth(client, lane: str) -> int:
     from lanes import keys
 
     return sum(client.llen(k) for k in keys.lane_queues(lane))
+
+
+def sweep_reaching(client, record: str, passes: int = 50) -> int:
+    """Lease sweeps until ``record``'s expired lease was handled; returns what they republished.
+
+    A pass takes at most ``SWEEP_CALLS`` x ``SWEEP_BATCH`` expired leases, oldest first, and the
+    session's Redis holds earlier tests' tasks too: one pass may not reach a lease a test just
+    made expire.
+    """
+    import time
+
+    from lanes import keys
+    from tasks import maintenance
+
+    republished = 0
+    for _ in range(passes):
+        done, _forgotten = maintenance.sweep()
+        republished += done
+        score = client.zscore(keys.LEASES, record)
+        if score is None or score > time.time() * 1000:
+            break
+    return republished
