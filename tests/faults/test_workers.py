@@ -68,8 +68,9 @@ def test_01_sigkill_worker_main_and_pool_children(cluster_factory, record):
     assert all(w.alive() for w in workers)
 
 
-@long_only("SIGTERM restarts are a gentler case of scenario 1 (SIGKILL); tests/integration/test_reliability.py "
-           "and the fault tests' worker teardowns stop workers warm here")
+@long_only("SIGTERM restarts are a gentler case of scenario 1 (SIGKILL); tests/integration/test_fifo.py, "
+           "test_hooks.py and test_postgres.py stop workers warm here, and tests/faults/test_found_defects.py "
+           "checks a pop pending at shutdown")
 def test_02_sigterm_restarts_under_load(cluster_factory, record):
     """Warm shutdowns (SIGTERM) and restarts, one worker at a time, under load: a message the
     consumer had popped when the shutdown began must not vanish."""
