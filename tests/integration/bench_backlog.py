@@ -148,8 +148,10 @@ def _control(rc, redis_server, policy: str, target_ms: float, calls: int = 2250,
 def test_backlog_bench(rc, redis_server, policy):
     probe_type, probe_lane = unique("bb-probe"), unique("l-bb-probe")
     back_type, back_lane = unique("bb-back"), unique("l-bb-back")
-    define(probe_type, lane=probe_lane, capacity=10_000_000)
-    define(back_type, lane=back_lane, capacity=10_000_000)
+    # Deadlines past both variants: the first variant's probe tasks (no consumer) must not expire
+    # during the second, whose SLOWLOG would then hold expire.lua's work on them.
+    define(probe_type, lane=probe_lane, capacity=10_000_000, timeout=3600)
+    define(back_type, lane=back_lane, capacity=10_000_000, timeout=3600)
     # Every script the probe and the maintenance loop run: a slow sweep call is read against the
     # others' (Redis 6.2 steps Lua's garbage collector inside every 50th script call, whichever it is).
     shas = {name: script(name).sha for name in ("sweep", "reclaim", "admit", "promote", "expire", "audit")}
