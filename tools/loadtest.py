@@ -62,8 +62,9 @@ SINK_HANDLER, BATCH_SINK_HANDLER = "loadtest.sink", "loadtest.sink_batch"
 BATCHED_TYPE = "loadtest.sink_batch"
 DEFAULT_BATCH_SIZE, DEFAULT_BATCH_WINDOW_MS = 100, 5
 
-#: Commands the sink itself runs per applied message (HINCRBY, RPUSH, 2 x EXPIRE): the workload, not the platform.
-SINK_COMMANDS_PER_TASK = 4
+#: Commands the sink itself runs per applied message (sink_record.lua: EVALSHA, HEXISTS, HLEN for a new key,
+#: HINCRBY, RPUSH, LTRIM, 2 x EXPIRE): the workload, not the platform.
+SINK_COMMANDS_PER_TASK = 8
 #: The batched sink's record (sink_record_batch.lua): HEXISTS, HLEN, HINCRBY per item; per call EVALSHA,
 #: RPUSH, LTRIM, 2 x EXPIRE, INCR, EXPIRE.
 BATCH_SINK_COMMANDS_PER_ITEM, BATCH_SINK_COMMANDS_PER_CALL = 3, 7

@@ -46,3 +46,28 @@ def test_the_production_default_config_has_no_sink_type():
     kept = default_config_for(batched, "production")["task_types"]
     assert not any(t["handler"].startswith("loadtest.") for t in kept)
     assert production["lanes"] == data["lanes"]
+
+
+def test_the_load_tests_sink_costs_what_it_subtracts(rc):
+    """``manage.py loadtest`` subtracts the sink's own Redis commands from the platform's per task
+    (``SINK_COMMANDS_PER_TASK``, and per item and call for the batched sink): counted here by Redis."""
+    from tools.loadtest import BATCH_SINK_COMMANDS_PER_CALL, BATCH_SINK_COMMANDS_PER_ITEM, SINK_COMMANDS_PER_TASK
+    from tools.sink import record_applied, record_applied_many
+
+    def commands(action) -> int:
+        # The fewest of three: this process's other threads (the counters' flush, once a second) may
+        # run a command meanwhile, and only ever add to the count.
+        counts = []
+        for _ in range(3):
+            before = sum(int(s["calls"]) for s in rc.info("commandstats").values())
+            action()
+            counts.append(sum(int(s["calls"]) for s in rc.info("commandstats").values()) - before - 1)  # the INFO
+        return min(counts)
+
+    run = unique("sinkcost")
+    record_applied(run, "warm", "warm")  # the script is loaded
+    record_applied_many(run, [("warm-b", "warm")])
+    keys = iter(range(1000))
+    assert commands(lambda: record_applied(run, f"k{next(keys)}", "line")) == SINK_COMMANDS_PER_TASK
+    assert commands(lambda: record_applied_many(run, [(f"b{next(keys)}", "line") for _ in range(5)])) == \
+        BATCH_SINK_COMMANDS_PER_ITEM * 5 + BATCH_SINK_COMMANDS_PER_CALL
