@@ -42,8 +42,9 @@ local function pend_flush(pend, waiting_key, deadlines_key, leases_key)
     bells[bell] = bit.bor(bells[bell] or 0, bell_bit(list))
   end
   for bell, bits in pairs(bells) do ring(bell, bits) end
-  local fresh = pend_new()
-  for name, value in pairs(fresh) do pend[name] = value end
+  -- Reset in place (admit_one holds this table); base too, which pairs() of a fresh table would skip
+  -- (nil): the next deferred item reads the waiting count again, with what was just written.
+  pend.add, pend.base, pend.deadlines, pend.leases, pend.lists, pend.order = 0, nil, {}, {}, {}, {}
 end
 
 local function admit_one(KEYS, ARGV, pend)

@@ -462,3 +462,16 @@ def test_dispatch_many_by_name_answers_a_dict_per_item(rc):
     assert only["reason"] == "invalid_payload" and "items must be a list" in only["detail"]
     refused = dispatch_many_by_name(name, [{"n": 1}, {"n": 2}], chat_id="c")
     assert [a["reason"] for a in refused] == ["invalid_payload"] * 2 and "chat_id" in refused[0]["detail"]
+
+
+def test_the_lane_depth_holds_across_an_item_that_takes_admit_luas_own_path(rc):
+    """An item sent for later flushes the chunk's deferred writes and is counted by admit.lua's own
+    INCR; the items after it must see that depth, not the one read before it (capacity 3 of 4)."""
+    from tasks.dispatch import dispatch_many
+
+    name, lane = unique("bulk-depth"), unique("l-bulk-depth")
+    define(name, lane=lane, capacity=3)
+    results = dispatch_many(name, [{"n": 0}, {"n": 1}, ({"n": 2}, {"countdown": 30}), {"n": 3}])
+    assert [r.accepted for r in results] == [True, True, True, False], [r.reason for r in results]
+    assert results[3].reason == "lane_full"
+    assert rc.get(keys.LANE_PREFIX + lane + ":waiting") == b"3"
