@@ -194,9 +194,13 @@ class Channel(kombu_redis.Channel):
     #: While delivering what POP_MORE took: the record it named in the in-hand set for this message.
     _popped_in_hand = ""
     #: The lanes whose doorbells the BRPOP in flight names: doorbell -> lane (its queue).
-    _bells: dict[str, str] = {}
+    _bells: dict[str, str]
     #: When each lane's lists were last all looked at (``time.monotonic()``).
-    _looked_at_all: dict[str, float] = {}
+    _looked_at_all: dict[str, float]
+
+    def __init__(self, *args, **kwargs):
+        self._bells, self._looked_at_all = {}, {}
+        super().__init__(*args, **kwargs)
 
     def _is_lane(self, queue: str) -> bool:
         # A global key prefix (not used by the platform) would have to reach the scripts' keys too.
@@ -318,7 +322,7 @@ class Channel(kombu_redis.Channel):
         if bits is not None and now - self._looked_at_all.get(lane, 0.0) >= self.brpop_timeout:
             bits = None
         if bits is None:
-            self._looked_at_all = {**self._looked_at_all, lane: now}
+            self._looked_at_all[lane] = now
         lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
         with self.conn_or_acquire() as client:
             popped = pop_more(client, lane, lists, max(1, self._room()), bits)
@@ -333,11 +337,9 @@ class Channel(kombu_redis.Channel):
     def _ring_again(self, lane: str, token: str | None) -> None:
         """Put back a doorbell token this channel took and will not act on."""
         bits = _token_bits(token)
-        priorities = set(range(len(self.priority_steps))) if bits is None else \
-            {p for p in range(len(self.priority_steps)) if bits >> p & 1}
         try:
             with self.conn_or_acquire() as client:
-                ring(client, lane, priorities)
+                ring(client, lane, (1 << len(self.priority_steps)) - 1 if bits is None else bits)
         except Exception:  # the other workers' poll finds the messages within a second
             logger.warning("doorbell_not_rung_again lane=%s", lane, exc_info=True)
 
@@ -349,7 +351,7 @@ class Channel(kombu_redis.Channel):
         super()._put(queue, message, **kwargs)
         if self._is_lane(queue) and not batched:
             with self.conn_or_acquire() as client:
-                ring(client, queue, {self.priority(self._get_message_priority(message, reverse=False))})
+                ring(client, queue, 1 << self.priority(self._get_message_priority(message, reverse=False)))
 
     def _do_restore_message(self, payload, exchange, routing_key, pipe, leftmost=False):
         # A message handed back to a lane (from memory or kombu's unacked hash) rings, in the
@@ -358,9 +360,9 @@ class Channel(kombu_redis.Channel):
         try:
             lanes = [queue for queue in self._lookup(exchange, routing_key) if self._is_lane(queue)]
             if lanes:
-                priority = self.priority(self._get_message_priority(payload, reverse=False))
+                bit = 1 << self.priority(self._get_message_priority(payload, reverse=False))
                 for lane in lanes:
-                    ring(pipe, lane, {priority})
+                    ring(pipe, lane, bit)
         except self.connection_errors:
             raise
         except Exception:  # as kombu's own restore: the poll finds the message within a second

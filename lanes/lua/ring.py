@@ -10,7 +10,7 @@ from lanes.lua.loader import script
 NAME = "ring"
 
 
-def ring(client: Redis, lane: str, kombu_priorities: set[int]) -> None:
-    """Tell ``lane``'s idle workers that its lists of ``kombu_priorities`` were pushed to (on ``client``)."""
-    bits = sum(1 << p for p in kombu_priorities)
+def ring(client: Redis, lane: str, bits: int) -> None:
+    """Tell ``lane``'s idle workers that its lists named by ``bits`` (bit p: kombu priority p) were
+    pushed to (on ``client``)."""
     script(NAME)(keys=[keys.lane_doorbell(lane)], args=[bits], client=client)
