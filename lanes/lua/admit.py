@@ -94,7 +94,13 @@ def count_accepted(reply: Any, script_args: Mapping[str, Any]) -> None:
     ``script_args``: the ``keys_and_args`` arguments of its call (``lane``, ``task_type``, ``now``).
     """
     if reply and reply[0] == b"ok":
-        counters.add(f"dispatched|{script_args['lane']}|{script_args['task_type']}", script_args["now"])
+        count_dispatched(script_args["lane"], script_args["task_type"], script_args["now"])
+
+
+def count_dispatched(lane: str, task_type: str, now: float, amount: int = 1) -> None:
+    """Count ``amount`` tasks of ``task_type`` dispatched into ``lane`` at ``now`` (``count_accepted``'s count,
+    which ``dispatch_many`` makes once a chunk)."""
+    counters.add(f"dispatched|{lane}|{task_type}", now, amount)
 
 
 def keys_and_args(

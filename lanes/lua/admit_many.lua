@@ -3,15 +3,21 @@
 --
 -- KEYS[1..26] and ARGV[1..21]: admit.lua's, for the chunk (its type, lane and
 --   config version); the slots that differ per item are taken from the items:
--- KEYS[27..]  four per item: task record, idempotency key, chat queue, the
---   idempotency key's old format (admit.lua's KEYS 2, 4, 5, 22)
+-- KEYS[27..]  an item's task record (admit.lua's KEYS[2]), then, when it has an
+--   idempotency key (a payload digest), that key and its old format (KEYS[4],
+--   KEYS[22]), then, when it has a chat, its chat's queue (KEYS[5]): one key for
+--   a plain item (the slots it leaves unused are its record, as admit.lua's are)
 -- ARGV[22..]  eight per item: task id, message, kombu priority, chat id, payload
 --   digest, deadline ms, limit instance bases, due ms (admit.lua's ARGV 3, 4, 5,
 --   8, 10, 16, 17, 20)
 -- Returns {'stale', version} when the config changed (no item was looked at),
---   else one admit.lua reply per item, in order. The estimate inputs (the lane's
---   completions, handler seconds, paused flag, live consumers) are read once a
---   call, by the first item admitted, and given to every 'ok' reply.
+--   else {inputs, reply 1, reply 2, ...}: one admit.lua reply per item, in order,
+--   an 'ok' one shortened to {'ok', position, depth, ahead} (a task no limit
+--   holds) or {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms};
+--   ``inputs`` are the estimate inputs an 'ok' reply of admit.lua carries at 4, 5,
+--   7, 8, 9, 10 (the lane's completions, handler seconds, paused flag, live
+--   consumers), read once a call by the first item admitted ({} if none was):
+--   the same for every item, so sent once (admit_many.py puts them back).
 --
 -- Why one call: admit.lua's EVALSHA, config GET and the lane's shared writes
 -- (waiting count, deadlines, leases, lane list) were one each per item; here
@@ -29,25 +35,37 @@ local K, A = {}, {}
 for i = 1, 26 do K[i] = KEYS[i] end
 for i = 1, 21 do A[i] = ARGV[i] end
 local pend = pend_new()
-local replies = {}
+local replies = {{}}
 local estimate = nil  -- an 'ok' reply's inputs, read once
-local n = (#KEYS - 26) / 4
+local n = (#ARGV - 21) / 8
+local k = 27
 for item = 0, n - 1 do
-  local k, a = 27 + item * 4, 22 + item * 8
-  K[2], K[4], K[5], K[22] = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3]
-  A[3], A[4], A[5], A[8], A[10] = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  local a = 22 + item * 8
+  local record, digest, chat = KEYS[k], ARGV[a + 4], ARGV[a + 3]
+  k = k + 1
+  K[2], K[4], K[5], K[22] = record, record, record, record
+  if digest ~= '' then
+    K[4], K[22] = KEYS[k], KEYS[k + 1]
+    k = k + 2
+  end
+  if chat ~= '' then
+    K[5] = KEYS[k]
+    k = k + 1
+  end
+  A[3], A[4], A[5], A[8], A[10] = ARGV[a], ARGV[a + 1], ARGV[a + 2], chat, digest
   A[16], A[17], A[20] = ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
   A[21] = estimate and '0' or ARGV[21]
   local reply = admit_one(K, A, pend)
-  if reply[1] == 'ok' and A[21] ~= '0' then estimate = reply end
-  replies[#replies + 1] = reply
-end
-pend_flush(pend, ARGV[19] .. ARGV[13] .. ':waiting', KEYS[23], KEYS[3])
-if estimate then
-  for _, reply in ipairs(replies) do
-    if reply[1] == 'ok' then
-      for _, i in ipairs({4, 5, 7, 8, 9, 10}) do reply[i] = estimate[i] end
+  if reply[1] == 'ok' then
+    if A[21] ~= '0' then estimate = {reply[4], reply[5], reply[7], reply[8], reply[9], reply[10]} end
+    if reply[11] ~= '' then
+      reply = {'ok', reply[2], reply[3], reply[6], reply[11], reply[12], reply[13]}
+    else
+      reply = {'ok', reply[2], reply[3], reply[6]}
     end
   end
+  replies[item + 2] = reply
 end
+pend_flush(pend, ARGV[19] .. ARGV[13] .. ':waiting', KEYS[23], KEYS[3])
+if estimate then replies[1] = estimate end
 return replies

@@ -26,30 +26,55 @@ def keys_and_args(items: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[A
     """admit_many.lua's KEYS and ARGV for ``items``: each ``admit.keys_and_args``'s keyword arguments.
 
     Every item is of one task type (one lane, one config version); the chunk's
-    ``now`` is its first item's. The reply is ``{'stale', version}`` or one
-    admit.lua reply per item, in order; ``replies`` reads it.
+    ``now`` is its first item's. An item's keys are its record's, then those of
+    its idempotency key and its chat if it has them (one key for a plain item:
+    a tenth of a bulk dispatch's CPU an item was packing arguments). The reply
+    is ``{'stale', version}`` or shortened admit.lua replies; ``replies`` reads it.
     """
     first = items[0]
     shared_keys, shared_args = admit.keys_and_args(**first)
     task_type = first["task_type"]
     item_keys: list[Any] = []
     item_args: list[Any] = []
+    task_record, idempotency, legacy, chat_queue = (keys.task_record, keys.idempotency, keys.legacy_idempotency,
+                                                    keys.chat_queue)
     for item in items:
         task_id, chat, key = item["task_id"], item["chat"], item["idempotency_key"]
-        record = keys.task_record(task_id, chat or None)
-        item_keys += (record, keys.idempotency(task_type, key) if key else record,
-                      keys.chat_queue(chat) if chat else record,
-                      keys.legacy_idempotency(task_type, key) if key else record)
-        item_args += (task_id, item["message"], item["kombu_priority"], chat, item["payload_digest"],
-                      int(item["deadline"] * 1000), "\n".join(item.get("limits", ())), int(item.get("due", 0.0) * 1000))
+        item_keys.append(task_record(task_id, chat or None))
+        digest = item["payload_digest"] if key else ""
+        if digest:
+            item_keys += (idempotency(task_type, key), legacy(task_type, key))
+        if chat:
+            item_keys.append(chat_queue(chat))
+        limits = item.get("limits")
+        item_args += (task_id, item["message"], item["kombu_priority"], chat, digest,
+                      int(item["deadline"] * 1000), "\n".join(limits) if limits else "",
+                      int(item.get("due", 0.0) * 1000))
     return shared_keys + item_keys, shared_args + item_args
 
 
 def replies(reply: Any, count: int) -> list[Any]:
-    """One admit.lua reply per item of a call of ``count`` items (a 'stale' reply stands for every item)."""
+    """One admit.lua reply per item of a call of ``count`` items (a 'stale' reply stands for every item).
+
+    An 'ok' reply gets back what admit_many.lua sent once for all (the lane's
+    estimate inputs, at admit.lua's indexes) and, for a task no limit holds,
+    the empty limit fields: each is then as admit.lua would have answered it.
+    """
     if isinstance(reply, list) and reply and reply[0] == b"stale":
         return [reply] * count
-    if not isinstance(reply, list) or len(reply) != count:
-        raise ValueError(f"admit_many.lua answered {len(reply) if isinstance(reply, list) else reply!r} "
+    if not isinstance(reply, list) or len(reply) != count + 1:
+        raise ValueError(f"admit_many.lua answered {len(reply) - 1 if isinstance(reply, list) else reply!r} "
                          f"replies for {count} items")
-    return reply
+    inputs, out = reply[0], reply[1:]
+    for index, item in enumerate(out):
+        if isinstance(item, list) and item and item[0] == b"ok":
+            if len(inputs) != 6:  # never expected: the first 'ok' item reads them
+                raise ValueError(f"admit_many.lua answered 'ok' without the estimate inputs ({inputs!r})")
+            done, prev, busy, prev_busy, paused, consumers = inputs
+            out[index] = [b"ok", item[1], item[2], done, prev, item[3], busy, prev_busy, paused, consumers,
+                          *(item[4:] or _NO_LIMIT)]
+    return out
+
+
+#: An 'ok' reply's limit fields for a task no limit holds (admit.lua's: no instance, none ahead, no pause).
+_NO_LIMIT = (b"", 0, 0)
