@@ -59,4 +59,4 @@ local version = redis.call('GET', KEYS[1]) or '0'
 if version ~= ARGV[1] then
   return {'stale', version}
 end
-return admit_one(KEYS, ARGV, nil)
+return {admit_one(KEYS, ARGV, nil)}

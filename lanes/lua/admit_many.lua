@@ -12,8 +12,10 @@
 --   8, 10, 16, 17, 20)
 -- Returns {'stale', version} when the config changed (no item was looked at),
 --   else {inputs, reply 1, reply 2, ...}: one admit.lua reply per item, in order,
---   an 'ok' one shortened to {'ok', position, depth, ahead} (a task no limit
---   holds) or {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms};
+--   an 'ok' one shortened to its depth alone (a number: no limit holds the task,
+--   its position is depth + 1 and the tasks ahead are its depth, as for any task
+--   without a chat), {'ok', position, depth, ahead} (no limit holds it) or
+--   {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms};
 --   ``inputs`` are the estimate inputs an 'ok' reply of admit.lua carries at 4, 5,
 --   7, 8, 9, 10 (the lane's completions, handler seconds, paused flag, live
 --   consumers), read once a call by the first item admitted ({} if none was):
@@ -55,16 +57,20 @@ for item = 0, n - 1 do
   A[3], A[4], A[5], A[8], A[10] = ARGV[a], ARGV[a + 1], ARGV[a + 2], chat, digest
   A[16], A[17], A[20] = ARGV[a + 5], ARGV[a + 6], ARGV[a + 7]
   A[21] = estimate and '0' or ARGV[21]
-  local reply = admit_one(K, A, pend)
-  if reply[1] == 'ok' then
-    if A[21] ~= '0' then estimate = {reply[4], reply[5], reply[7], reply[8], reply[9], reply[10]} end
-    if reply[11] ~= '' then
-      reply = {'ok', reply[2], reply[3], reply[6], reply[11], reply[12], reply[13]}
+  local status, position, depth, done, prev, ahead, busy, prev_busy, paused, consumers, waits_on, waiting_ahead,
+    paused_ms = admit_one(K, A, pend)
+  if status == 'ok' then
+    if A[21] ~= '0' then estimate = {done, prev, busy, prev_busy, paused, consumers} end
+    if waits_on ~= '' then
+      replies[item + 2] = {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms}
+    elseif position == depth + 1 and ahead == depth then
+      replies[item + 2] = depth  -- the common reply, a number: admit_many.py reads it back
     else
-      reply = {'ok', reply[2], reply[3], reply[6]}
+      replies[item + 2] = {'ok', position, depth, ahead}
     end
+  else
+    replies[item + 2] = {status, position, depth}  -- ('rej', reason, depth), ('dup'|'conflict', task id)
   end
-  replies[item + 2] = reply
 end
 pend_flush(pend, ARGV[19] .. ARGV[13] .. ':waiting', KEYS[23], KEYS[3])
 if estimate then replies[1] = estimate end

@@ -57,8 +57,9 @@ def replies(reply: Any, count: int) -> list[Any]:
     """One admit.lua reply per item of a call of ``count`` items (a 'stale' reply stands for every item).
 
     An 'ok' reply gets back what admit_many.lua sent once for all (the lane's
-    estimate inputs, at admit.lua's indexes) and, for a task no limit holds,
-    the empty limit fields: each is then as admit.lua would have answered it.
+    estimate inputs, at admit.lua's indexes), and what it left out as implied:
+    a depth alone is a task no limit holds, at position depth + 1 with depth
+    tasks ahead. Each is then as admit.lua would have answered it.
     """
     if isinstance(reply, list) and reply and reply[0] == b"stale":
         return [reply] * count
@@ -66,13 +67,19 @@ def replies(reply: Any, count: int) -> list[Any]:
         raise ValueError(f"admit_many.lua answered {len(reply) - 1 if isinstance(reply, list) else reply!r} "
                          f"replies for {count} items")
     inputs, out = reply[0], reply[1:]
+    estimate = None
     for index, item in enumerate(out):
-        if isinstance(item, list) and item and item[0] == b"ok":
-            if len(inputs) != 6:  # never expected: the first 'ok' item reads them
-                raise ValueError(f"admit_many.lua answered 'ok' without the estimate inputs ({inputs!r})")
-            done, prev, busy, prev_busy, paused, consumers = inputs
-            out[index] = [b"ok", item[1], item[2], done, prev, item[3], busy, prev_busy, paused, consumers,
-                          *(item[4:] or _NO_LIMIT)]
+        if isinstance(item, int) or item[0] == b"ok":
+            if estimate is None:
+                if len(inputs) != 6:  # never expected: the first 'ok' item reads them
+                    raise ValueError(f"admit_many.lua answered 'ok' without the estimate inputs ({inputs!r})")
+                estimate = inputs
+            done, prev, busy, prev_busy, paused, consumers = estimate
+            if isinstance(item, int):
+                out[index] = [b"ok", item + 1, item, done, prev, item, busy, prev_busy, paused, consumers, b"", 0, 0]
+            else:
+                out[index] = [b"ok", item[1], item[2], done, prev, item[3], busy, prev_busy, paused, consumers,
+                              *(item[4:] or _NO_LIMIT)]
     return out
 
 
