@@ -18,6 +18,7 @@ that no other live worker holds; ``unclaimed`` and ``to_release`` decide which.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -82,8 +83,9 @@ def state(consumers: int, paused: bool) -> str:
     return "paused" if paused else "consuming"
 
 
+@functools.lru_cache(maxsize=256)
 def no_consumer_detail(lane: str) -> str:
-    """The ``detail`` of an accepted dispatch to a lane nobody consumes."""
+    """The ``detail`` of an accepted dispatch to a lane nobody consumes (each of a bulk dispatch's items)."""
     return (f"accepted, but no worker consumes lane '{lane}' right now: the task waits until one does "
             f"(start `celery -A dispatchsite worker -Q {lane}`, or a catch-all worker)")
 

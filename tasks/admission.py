@@ -242,15 +242,16 @@ def interpret(reply: list, status: str, prepared: Prepared, limits: dict[str, di
     if waits_on:  # a limit did not admit it yet: its turn there bounds the wait
         name = waits_on[len(keys.LIMIT_PREFIX):].split(":", 1)[0]
         limit = limit_wait(name, int(reply[11]), (limits or {}).get(name), paused_for_s=int(reply[12]) / 1000)
+    paused, consumers = int(reply[8]) == 1, int(reply[9])
     estimated, why = estimate_delay(
         lane=tc.lane, ahead_in_lane=int(reply[5]), ahead_in_chat=position - 1 if tc.chat_scoped else 0,
         completed=int(reply[3]) + int(reply[4]), busy_s=float(reply[6]) + float(reply[7]),
-        window_s=60 + now % 60, paused=int(reply[8]) == 1, consumers=int(reply[9]), limit=limit,
+        window_s=60 + now % 60, paused=paused, consumers=consumers, limit=limit,
     )
-    if int(reply[9]) == 0 and int(reply[8]) != 1:
+    if consumers == 0 and not paused:
         why = no_consumer_detail(tc.lane)
     due = prepared.due
-    if due is not None and int(reply[8]) != 1 and int(reply[9]) != 0:
+    if due is not None and not paused and consumers != 0:
         # Sent for later: it cannot start before it is due, nor before the work ahead of it
         # now (when that can be estimated: the lane may have drained by then).
         estimated, why = round(max(estimated or 0.0, due - now), 3), ""

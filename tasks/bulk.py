@@ -49,6 +49,29 @@ logger = logging.getLogger(__name__)
 CHUNK_ITEMS = 500
 #: Rounds a chunk makes when admit.lua answers 'stale' (an admin save landed mid-chunk).
 MAX_ROUNDS = 4
+#: Chunks sent and not answered yet, at most: Redis has the next ones while the caller prepares
+#: another, through the jitter of either side.
+IN_FLIGHT = 3
+#: The first chunk's items, doubled each chunk up to ``CHUNK_ITEMS``; the last chunks halve down to it.
+#: Redis starts on a small chunk at once and ends on one, instead of waiting while the caller prepares
+#: a whole first chunk, and the caller waiting while Redis admits a whole last one.
+EDGE_CHUNK_ITEMS = 50
+
+
+def next_chunk_size(sent: int, remaining: int) -> int:
+    """The items of the next chunk, after ``sent`` chunks, with ``remaining`` items left (at least one)."""
+    ramp = EDGE_CHUNK_ITEMS << min(sent, 20)
+    taper = max(EDGE_CHUNK_ITEMS, remaining // 2)
+    return max(1, min(CHUNK_ITEMS, ramp, taper, remaining))
+
+
+def chunk_sizes(total: int) -> list[int]:
+    """The chunks ``total`` items are sent in (none stale): ``next_chunk_size`` all the way."""
+    sizes: list[int] = []
+    while total > 0:
+        sizes.append(next_chunk_size(len(sizes), total))
+        total -= sizes[-1]
+    return sizes
 
 
 def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None = None,
@@ -139,13 +162,20 @@ class _Admission:
         self.entries: dict[int, tuple[int, Any, dict[str, Any], str]] = {}
         self.confirmed = False
         self.rounds = 0
+        self.chunks = 0  # sent so far
+        self.lost = 0  # items answered 'unavailable'
+        self.settle_now = True
 
     def run(self, queue: deque[tuple[int, Any, dict[str, Any], str]]) -> None:
         self.entries = {entry[0]: entry for entry in queue}
+        # Without replica acks a reply is final when it comes: each chunk's results are made while Redis
+        # admits the next ones, not all at the end with Redis idle (a sixth of a large call's time).
+        self.settle_now = settings.DISPATCH_REPLICA_ACKS <= 0
         with admit_many.stream() as stream:
             while queue or self.sent:
                 if queue:
-                    chunk = [queue.popleft() for _ in range(min(CHUNK_ITEMS, len(queue)))]
+                    size = next_chunk_size(self.chunks, len(queue))
+                    chunk = [queue.popleft() for _ in range(size)]
                     version = self.snap.version
                     prepared = self._prepare(chunk)
                     if self.snap.version != version and self.sent:
@@ -159,19 +189,25 @@ class _Admission:
                     if prepared:
                         stream.send([admit_many.keys_and_args([p.script_args for _, p in prepared])])
                         self.sent.append(prepared)
-                # One chunk may wait in Redis while the next is prepared; past that, or at the end, read.
-                if len(self.sent) > 1 or (self.sent and not queue):
+                        self.chunks += 1
+                # Chunks wait in Redis (up to IN_FLIGHT) while the next is prepared; past that, or at the end, read.
+                if len(self.sent) >= IN_FLIGHT or (self.sent and not queue):
                     stale = self._receive(stream)
                     if stale:
                         self._requeue(stale + self._drain(stream), queue)
             failed = stream.replicas_confirmed(settings.DISPATCH_REPLICA_ACKS,
                                                settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS) \
-                if settings.DISPATCH_REPLICA_ACKS > 0 and any(
+                if not self.settle_now and any(
                     not isinstance(reply, redis.RedisError) and reports_a_task(reply)
                     for _, _, reply, _ in self.answered) else None
-        lost = 0
+        self._settle(self.answered, failed)
+        if self.lost:
+            logger.warning("dispatch_many_unavailable type=%s items=%d", shown(self.task_type, 100), self.lost)
+
+    def _settle(self, answered: list[tuple[int, Prepared, Any, dict]], failed: redis.RedisError | None) -> None:
+        """Turn ``answered`` replies into results; ``failed``: the replicas did not confirm the writes."""
         dispatched: Counter[tuple[str, str, float]] = Counter()
-        for index, item, reply, limits in self.answered:
+        for index, item, reply, limits in answered:
             if failed is not None and not isinstance(reply, redis.RedisError) and reports_a_task(reply):
                 reply = failed
             if isinstance(reply, redis.RedisError):
@@ -179,15 +215,13 @@ class _Admission:
                     self.results[index] = unavailable(reply.cause, None)
                 else:
                     self.results[index] = unavailable(reply, item.task_id)
-                lost += 1
+                self.lost += 1
             else:
                 if reply[0] == b"ok":
                     dispatched[item.tc.lane, item.tc.name, item.now] += 1
                 self.results[index] = interpret(reply, reply[0].decode(), item, limits)
         for (lane, name, now), amount in dispatched.items():
             count_dispatched(lane, name, now, amount)  # in process (lanes.counters), once a chunk
-        if lost:
-            logger.warning("dispatch_many_unavailable type=%s items=%d", shown(self.task_type, 100), lost)
 
     def _prepare(self, chunk: list[tuple[int, Any, dict[str, Any], str]]) -> list[tuple[int, Prepared]]:
         """Validate ``chunk`` against the config; rejections are final, the rest go to Redis."""
@@ -223,11 +257,14 @@ class _Admission:
                 item_replies = admit_many.replies(reply, len(batch))
             except ValueError as exc:  # never expected: a script that answered out of shape stored unknown items
                 item_replies = [redis.ResponseError(str(exc))] * len(batch)
+        answered = self.answered if not self.settle_now else []
         for (index, item), reply in zip(batch, item_replies, strict=True):
             if not isinstance(reply, redis.RedisError) and reply[0] == b"stale":
                 stale.append((index, reply[1].decode()))
             else:
-                self.answered.append((index, item, reply, self.snap.limits))
+                answered.append((index, item, reply, self.snap.limits))
+        if self.settle_now:
+            self._settle(answered, None)
         return stale
 
     def _drain(self, stream: Any) -> list[tuple[int, str]]:
