@@ -187,7 +187,7 @@ class _Admission:
                             self._requeue(stale, queue)
                             continue
                     if prepared:
-                        stream.send([admit_many.keys_and_args([p.script_args for _, p in prepared])])
+                        stream.send([admit_many.packed([p.script_args for _, p in prepared])])
                         self.sent.append(prepared)
                         self.chunks += 1
                 # Chunks wait in Redis (up to IN_FLIGHT) while the next is prepared; past that, or at the end, read.

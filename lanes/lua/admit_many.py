@@ -12,7 +12,7 @@ from typing import Any
 
 from lanes import keys
 from lanes.lua import admit
-from lanes.lua.loader import ScriptStream
+from lanes.lua.loader import Packed, ScriptStream, bulk_strings
 
 NAME = "admit_many"
 
@@ -51,6 +51,51 @@ def keys_and_args(items: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[A
                       int(item["deadline"] * 1000), "\n".join(limits) if limits else "",
                       int(item.get("due", 0.0) * 1000))
     return shared_keys + item_keys, shared_args + item_args
+
+
+def packed(items: Sequence[Mapping[str, Any]]) -> Packed:
+    """``keys_and_args(items)`` already in Redis' protocol, for ``ScriptStream.send``.
+
+    Written as text an item at a time: hiredis packed each of an item's nine
+    arguments on its own, a tenth of a bulk dispatch's CPU an item (the test
+    holds the two equal, byte for byte).
+    """
+    first = items[0]
+    shared_keys, shared_args = admit.keys_and_args(**first)
+    task_type = first["task_type"]
+    key_text: list[str] = []
+    arg_text: list[str] = []
+    count = 0
+    task_record, idempotency, legacy, chat_queue = (keys.task_record, keys.idempotency, keys.legacy_idempotency,
+                                                    keys.chat_queue)
+    for item in items:
+        task_id, chat, key, message = item["task_id"], item["chat"], item["idempotency_key"], item["message"]
+        record = task_record(task_id, chat or None)
+        key_text.append(f"${_length(record)}\r\n{record}\r\n")
+        digest = item["payload_digest"] if key else ""
+        if digest:
+            key_text.append(bulk_strings((idempotency(task_type, key), legacy(task_type, key))))
+            count += 2
+        if chat:
+            key_text.append(bulk_strings((chat_queue(chat),)))
+            count += 1
+        limits = item.get("limits")
+        limit_text = "\n".join(limits) if limits else ""
+        deadline, due = str(int(item["deadline"] * 1000)), str(int(item.get("due", 0.0) * 1000))
+        priority = str(int(item["kombu_priority"]))
+        arg_text.append(
+            f"${_length(task_id)}\r\n{task_id}\r\n${_length(message)}\r\n{message}\r\n"
+            f"${len(priority)}\r\n{priority}\r\n${_length(chat)}\r\n{chat}\r\n${len(digest)}\r\n{digest}\r\n"
+            f"${len(deadline)}\r\n{deadline}\r\n${_length(limit_text)}\r\n{limit_text}\r\n"
+            f"${len(due)}\r\n{due}\r\n")
+    numkeys = len(shared_keys) + len(items) + count
+    text = bulk_strings(shared_keys) + "".join(key_text) + bulk_strings(shared_args) + "".join(arg_text)
+    return Packed(numkeys, numkeys + len(shared_args) + 8 * len(items), text.encode())
+
+
+def _length(text: str) -> int:
+    """``text``'s length in UTF-8 (its ``len`` when ASCII, which ``isascii`` knows without looking)."""
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def replies(reply: Any, count: int) -> list[Any]:

@@ -282,8 +282,8 @@ def test_the_api_bulk_endpoint_sends_its_items_in_one_round_trip(monkeypatch):
 
 def _items_in(script_calls) -> int:
     """The items of the one admit_many.lua call a chunk sends (21 shared arguments, then 8 an item)."""
-    (_, chunk_args), = script_calls
-    return (len(chunk_args) - 21) // 8
+    (call,), = [script_calls]
+    return (call.count - call.numkeys - 21) // 8
 
 
 def _count_evalsha_sends(monkeypatch, connection_class) -> list[int]:
