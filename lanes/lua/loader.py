@@ -216,7 +216,7 @@ class Packed:
     first ``numkeys`` of them keys. For a caller that writes thousands of arguments a call faster than
     packing them one by one (``lanes.lua.admit_many.packed``); ``ScriptStream.send`` adds the EVALSHA."""
 
-    __slots__ = ("numkeys", "count", "resp")
+    __slots__ = ("count", "numkeys", "resp")
 
     def __init__(self, numkeys: int, count: int, resp: bytes) -> None:
         self.numkeys, self.count, self.resp = numkeys, count, resp
