@@ -124,34 +124,51 @@ def _number(value: float) -> str:
     return float.__repr__(value) if isinstance(value, float) else int.__repr__(int(value))
 
 
-def _envelope_json(envelope: Envelope) -> str:
-    """``json.dumps(envelope.as_dict(), separators=(",", ":"))``, written directly (every dispatch makes one)."""
+def _escaped(text: str) -> str:
+    """``text`` as it appears inside a JSON string: ``_string`` without its quotes. JSON escapes each
+    character on its own, so the escape of a concatenation is the concatenation of the escapes."""
+    return _string(text)[1:-1]
+
+
+def _inner_string(text: str) -> str:
+    """The JSON string of ``text`` as it appears inside another JSON string."""
+    return _escaped(_string(text))
+
+
+def _envelope_json(envelope: Envelope, inner: bool = False) -> str:
+    """``json.dumps(envelope.as_dict(), separators=(",", ":"))``, written directly (every dispatch makes one).
+
+    ``inner``: that text as it appears inside a JSON string (the message's body is one), escaped as it is
+    written: escaping the body after it was written was a tenth of a bulk dispatch's CPU an item.
+    """
+    q, text_of = ('\\"', _inner_string) if inner else ('"', _string)
     meta = "null" if envelope.meta is None else _compact.encode(envelope.meta)
-    chat, key = envelope.chat, envelope.key
-    text = (f'{_envelope_head(envelope.type, envelope.lane)}"priority":{envelope.priority:d},'
-            f'"attempt":{envelope.attempt:d},"deadline":{_number(envelope.deadline)},'
-            f'"dispatched_at":{_number(envelope.dispatched_at)},"chat":{_string(chat) if chat else _EMPTY},'
-            f'"key":{_string(key) if key else _EMPTY},"meta":{meta}')
+    if inner and envelope.meta is not None:
+        meta = _escaped(meta)
+    chat, key, empty = envelope.chat, envelope.key, q + q
+    # No format spec on the ints (``{x:d}``): f-strings format a plain int much faster without one.
+    text = (f'{_envelope_head(envelope.type, envelope.lane, inner)}{q}priority{q}:{int(envelope.priority)},'
+            f'{q}attempt{q}:{int(envelope.attempt)},{q}deadline{q}:{_number(envelope.deadline)},'
+            f'{q}dispatched_at{q}:{_number(envelope.dispatched_at)},{q}chat{q}:{text_of(chat) if chat else empty},'
+            f'{q}key{q}:{text_of(key) if key else empty},{q}meta{q}:{meta}')
     if envelope.policy:
-        text += f',"policy":{_string(envelope.policy)}'
+        text += f',{q}policy{q}:{text_of(envelope.policy)}'
     if envelope.due:
-        text += f',"due":{_number(envelope.due)}'
+        text += f',{q}due{q}:{_number(envelope.due)}'
     return text + "}"
 
 
-_EMPTY = '""'
-
-
 @functools.lru_cache(maxsize=1024)
-def _envelope_head(type_name: str, lane: str) -> str:
-    return f'{{"type":{_string(type_name)},"lane":{_string(lane)},'
+def _envelope_head(type_name: str, lane: str, inner: bool) -> str:
+    q, text_of = ('\\"', _inner_string) if inner else ('"', _string)
+    return f'{{{q}type{q}:{text_of(type_name)},{q}lane{q}:{text_of(lane)},'
 
 
 @functools.lru_cache(maxsize=1024)
 def _fixed(handler: str, type_name: str, lane: str, soft_limit_s: float, hard_limit_s: float) -> tuple[str, str, str]:
     """The text between a message's per-task parts that one task type's messages share (``build_message``):
     half of a message's CPU was writing them again for each task of a bulk dispatch."""
-    after_body = (f',"content-encoding":"utf-8","content-type":"application/json",'
+    after_body = (f'","content-encoding":"utf-8","content-type":"application/json",'
                   f'"headers":{{"lang":"py","task":{_string(handler)},"id":')
     after_id = (f',"shadow":{_string(type_name)},"eta":null,"expires":null,"group":null,"group_index":null,'
                 f'"retries":')
@@ -162,35 +179,42 @@ def _fixed(handler: str, type_name: str, lane: str, soft_limit_s: float, hard_li
 @functools.lru_cache(maxsize=1024)
 def _properties(lane: str, kombu_priority: int) -> str:
     return (f',"reply_to":"","delivery_mode":2,"delivery_info":{{"exchange":"","routing_key":'
-            f'{_string(keys.lane_queue(lane, 0))}}},"priority":{kombu_priority:d},'
+            f'{_string(keys.lane_queue(lane, 0))}}},"priority":{int(kombu_priority)},'
             f'"body_encoding":"utf-8","delivery_tag":"\0"}}}}')
 
 
 _AFTER_ROOT = ',"parent_id":null,"argsrepr":"()","kwargsrepr":'
 _AFTER_REPR = (f',"origin":{_string(_ORIGIN)},"ignore_result":false,"replaced_task_nesting":0,'
                f'"stamped_headers":null,"stamps":{{}},"{LEASED_HEADER}":true,"{RECORD_HEADER}":')
+#: The body's text around its payload and envelope, as it appears inside the message's ``body`` string.
+_BODY_HEAD = '{"body":"[[],{\\"payload\\":'
+_BODY_MID = ',\\"dispatch\\":'
+_BODY_TAIL = f'}},{_escaped(_EMBED_JSON)}]'
 
 
-def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float) -> str:
+def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float,
+                  grace_s: float | None = None) -> str:
     """The message as a string with a NUL byte where the delivery tag goes.
 
     ``shadow`` carries the task type: the worker's log, its task events and so
     Flower name the task ``chat.send`` rather than its handler ``http.post``
     (the result row's ``task_name`` stays the handler, Celery's ``task``).
+    ``grace_s``: ``hard_limit_grace_s()``, when the caller has it (a bulk
+    dispatch reads the settings once a chunk, not once an item).
 
     The text is what ``json.dumps(message, separators=(",", ":"))`` writes for
     the message dict of ``message_dict`` (``tests/unit/test_messages.py`` holds
     them equal), assembled from its parts, the parts a task type's messages
-    share written once (``_fixed``): ``json.dumps`` of the whole took half of a
-    bulk dispatch's CPU per item. ``pop_more.lua`` and ``claim_batch.lua`` read
-    it as that JSON.
+    share written once (``_fixed``), the body written as it appears inside its
+    JSON string: ``json.dumps`` of the whole took half of a bulk dispatch's CPU
+    per item. ``pop_more.lua`` and ``claim_batch.lua`` read it as that JSON.
     """
-    body = f'[[],{{"payload":{payload_json},"dispatch":{_envelope_json(envelope)}}},{_EMBED_JSON}]'
     tid = _string(task_id)
     after_body, after_id, limits = _fixed(handler, envelope.type, envelope.lane, soft_limit_s,
-                                          soft_limit_s + hard_limit_grace_s())
+                                          soft_limit_s + (hard_limit_grace_s() if grace_s is None else grace_s))
     return (
-        f'{{"body":{_string(body)}{after_body}{tid}{after_id}{envelope.attempt - 1:d}{limits}{tid}{_AFTER_ROOT}'
+        f'{_BODY_HEAD}{_escaped(payload_json)}{_BODY_MID}{_envelope_json(envelope, True)}{_BODY_TAIL}'
+        f'{after_body}{tid}{after_id}{int(envelope.attempt) - 1}{limits}{tid}{_AFTER_ROOT}'
         f'{_string(_short_repr(payload_json, envelope))}{_AFTER_REPR}'
         f'{_string(keys.task_record(task_id, envelope.chat or None))}}},"properties":{{"correlation_id":{tid}'
         f'{_properties(envelope.lane, to_kombu(envelope.priority))}'

@@ -14,7 +14,7 @@ import hashlib
 import inspect
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from celery import current_app
@@ -23,7 +23,7 @@ from django.conf import settings
 
 from lanes import keys
 from lanes.consumers import no_consumer_detail
-from lanes.messages import Envelope, build_message
+from lanes.messages import Envelope, build_message, hard_limit_grace_s
 from lanes.priorities import to_kombu
 from tasks import cancel as cancelling
 from tasks import config
@@ -99,18 +99,31 @@ class Prepared:
     due: float | None = None
 
 
+class SharedSettings(NamedTuple):
+    """The settings ``prepare`` reads, read once for a chunk of a bulk dispatch (a Django setting is a
+    Python-level lookup: three of them were a twentieth of its CPU an item)."""
+
+    grace_s: float  # lanes.messages.hard_limit_grace_s()
+    queued_lease_ms: int
+
+
+def shared_settings() -> SharedSettings:
+    return SharedSettings(hard_limit_grace_s(), int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
+
+
 def prepare(
     snap: config.Snapshot, task_type: Any, payload: Any, *, task_id: str, replace_idempotency: bool = False,
     chat_id: Any = None, priority: Any = None, idempotency_key: Any = None, timeout: Any = None,
     metadata: Any = None, limit_key: Any = None, countdown: Any = None, eta: Any = None, retry_policy: Any = None,
-    now: float | None = None,
+    now: float | None = None, shared: SharedSettings | None = None,
 ) -> Prepared:
     """Validate one dispatch against ``snap`` and build its message; raise ``Invalid`` naming what is wrong.
 
     Shared by ``admit`` (one call) and ``tasks.bulk.dispatch_many`` (a chunk
     of them in one round trip), so both accept and refuse exactly the same input.
     ``now``: the dispatch's time (epoch seconds), the clock's when not given; a
-    chunk of a bulk dispatch shares one, as it shares one admission call.
+    chunk of a bulk dispatch shares one, as it shares one admission call, and
+    ``shared``, the settings it reads (``shared_settings()``).
     """
     tc = snap.types.get(task_type) if isinstance(task_type, str) else None
     if tc is None:
@@ -139,7 +152,9 @@ def prepare(
         due=due or 0.0,
     )
     soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
-    message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit)
+    if shared is None:
+        shared = shared_settings()
+    message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit, shared.grace_s)
     script_args = {
         "version": snap.version, "now": now, "task_id": task_id, "message": message,
         "kombu_priority": to_kombu(checked.priority), "lane": tc.lane, "task_type": tc.name,
@@ -147,7 +162,7 @@ def prepare(
         "chat_queue_size": tc.chat_queue_size, "idempotency_key": checked.idempotency_key or "",
         "payload_digest": payload_digest(checked.payload_json) if checked.idempotency_key else "",
         "idempotency_window_s": tc.idempotency_window_s,
-        "queued_lease_ms": int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+        "queued_lease_ms": shared.queued_lease_ms,
         "replace_idempotency": replace_idempotency, "deadline": envelope.deadline, "limits": bases,
         "due": due or 0.0,
     }
@@ -158,7 +173,7 @@ def prepare(
 #: in bulk items: an option added to ``prepare`` is accepted everywhere at once.
 DISPATCH_OPTIONS = frozenset(
     name for name, param in inspect.signature(prepare).parameters.items()
-    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "replace_idempotency", "now")
+    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "replace_idempotency", "now", "shared")
 )
 
 
