@@ -7,6 +7,7 @@ Each item is admitted exactly as ``admit.lua`` admits one (both run
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -81,8 +82,8 @@ def packed(items: Sequence[Mapping[str, Any]]) -> Packed:
             count += 1
         limits = item.get("limits")
         limit_text = "\n".join(limits) if limits else ""
-        deadline, due = str(int(item["deadline"] * 1000)), str(int(item.get("due", 0.0) * 1000))
-        priority = str(int(item["kombu_priority"]))
+        deadline, due = _ms(item["deadline"]), _ms(item.get("due", 0.0))
+        priority = _DIGITS[item["kombu_priority"]]
         arg_text.append(
             f"${_length(task_id)}\r\n{task_id}\r\n${_length(message)}\r\n{message}\r\n"
             f"${len(priority)}\r\n{priority}\r\n${_length(chat)}\r\n{chat}\r\n${len(digest)}\r\n{digest}\r\n"
@@ -91,6 +92,17 @@ def packed(items: Sequence[Mapping[str, Any]]) -> Packed:
     numkeys = len(shared_keys) + len(items) + count
     text = bulk_strings(shared_keys) + "".join(key_text) + bulk_strings(shared_args) + "".join(arg_text)
     return Packed(numkeys, numkeys + len(shared_args) + 8 * len(items), text.encode())
+
+
+#: A kombu priority's text (0..9).
+_DIGITS = tuple(str(digit) for digit in range(10))
+
+
+@functools.lru_cache(maxsize=256)
+def _ms(seconds: float) -> str:
+    """``seconds`` in whole milliseconds, as text (as ``keys_and_args`` writes them): a chunk's items share
+    their deadline and due times (one ``now`` a chunk), so this is mostly a lookup."""
+    return str(int(seconds * 1000))
 
 
 def _length(text: str) -> int:
