@@ -130,3 +130,17 @@ def test_scrub_text_makes_any_text_storable():
 
     assert scrub_text("a\x00b\ud800c") == "a\\x00b\\ud800c"
     scrub_text("\udcff").encode("utf-8")
+
+
+def test_a_payload_that_holds_itself_is_refused_not_raised():
+    """The encoder is made once without its check for cycles (tasks.validation._C_ENCODER): a cycle
+    recurses to RecursionError, which validation turns into a rejection like any value that is not JSON."""
+    payload: dict = {"a": 1}
+    payload["self"] = payload
+    with pytest.raises(Invalid) as err:
+        check_dispatch(**{**BASE, "payload": payload, "max_payload_bytes": 10_000})
+    assert err.value.reason == "invalid_payload" and "payload is not valid JSON" in err.value.detail
+    looped: list = []
+    looped.append(looped)
+    assert reason_of(metadata={"m": looped}) == "invalid_metadata"
+    assert check_dispatch(**BASE).payload_json == '{"a":1}'  # the encoder still works after the recursion
