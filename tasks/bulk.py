@@ -178,10 +178,11 @@ def split_item(item: Any, defaults: dict[str, Any]) -> tuple[Any, dict[str, Any]
 class _Admission:
     """The items of one ``dispatch_many`` call through admit_many.lua, a chunk per call.
 
-    Chunk N+1 is validated and sent before chunk N's replies are read, so the
-    caller's work overlaps Redis'; one connection keeps the items in order.
-    Replies are read into ``answered`` and turned into results only at the
-    end, once ``DISPATCH_REPLICA_ACKS`` replicas (if any) confirmed them all.
+    Up to ``IN_FLIGHT`` chunks are sent before the oldest one's replies are
+    read, so the caller's work overlaps Redis'; one connection keeps the items
+    in order. A chunk's replies become results as they are read; with
+    ``DISPATCH_REPLICA_ACKS`` they wait in ``answered`` until that many
+    replicas confirmed every write (one ``WAIT`` at the end).
     A 'stale' reply (an admin save landed mid-call) puts the items from there
     on back at the front of the queue, to be judged again by the new config.
     """
