@@ -130,7 +130,9 @@ def replies(reply: Any, count: int) -> list[Any]:
             if estimate is None:
                 if len(inputs) != 6:  # never expected: the first 'ok' item reads them
                     raise ValueError(f"admit_many.lua answered 'ok' without the estimate inputs ({inputs!r})")
-                estimate = inputs
+                # As numbers once (interpret reads each again with int() and float(): cheap on a number).
+                estimate = (int(inputs[0]), int(inputs[1]), float(inputs[2]), float(inputs[3]), int(inputs[4]),
+                            int(inputs[5]))
             done, prev, busy, prev_busy, paused, consumers = estimate
             if isinstance(item, int):
                 out[index] = [b"ok", item + 1, item, done, prev, item, busy, prev_busy, paused, consumers, b"", 0, 0]
