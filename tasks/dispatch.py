@@ -68,9 +68,11 @@ def admit(
     except redis.RedisError as exc:
         return unavailable(exc, None)
     task_id = _task_id or str(uuid.uuid4())
-    options = {"chat_id": chat_id, "priority": priority, "idempotency_key": idempotency_key, "timeout": timeout,
-               "metadata": metadata, "limit_key": limit_key, "countdown": countdown, "eta": eta,
-               "retry_policy": retry_policy}
+    options: dict[str, Any] = {
+        "chat_id": chat_id, "priority": priority, "idempotency_key": idempotency_key, "timeout": timeout,
+        "metadata": metadata, "limit_key": limit_key, "countdown": countdown, "eta": eta,
+        "retry_policy": retry_policy,
+    }
     confirmed = False
     for _ in range(4):
         try:

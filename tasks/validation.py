@@ -140,7 +140,8 @@ def _not_json(value: Any) -> Any:
 #: ``_ENCODER``'s C encoder, made once, without its check for circular references: ``encode`` makes
 #: one per call (60 % of its cost for a small payload). A cycle recurses until ``RecursionError``,
 #: which ``_encode_checked`` answers like any value that is not JSON.
-_C_ENCODER = json.encoder.c_make_encoder and json.encoder.c_make_encoder(
+_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # None without CPython's C accelerator
+_C_ENCODER = _make_encoder and _make_encoder(
     None, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False)
 
 

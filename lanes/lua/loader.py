@@ -161,7 +161,7 @@ class ScriptStream:
         load = not self._loaded
         sent = self._error is None
         if sent:
-            commands = [("SCRIPT", "LOAD", self._source)] if load else []
+            commands: list[Any] = [("SCRIPT", "LOAD", self._source)] if load else []
             commands += [call if isinstance(call, Packed) else ("EVALSHA", self._sha, len(call[0]), *call[0], *call[1])
                          for call in calls]
             try:
@@ -238,7 +238,7 @@ def _pack(conn: Any, commands: list[tuple[Any, ...] | Packed], sha: str = "") ->
     if not any(isinstance(command, Packed) for command in commands):
         if _pack_command is None:
             return conn.pack_commands(commands)
-        return [b"".join(_pack_command(command) for command in commands)]
+        return [b"".join(_pack_command(command) for command in commands)]  # type: ignore[arg-type]
     out: list[bytes] = []
     for command in commands:
         if isinstance(command, Packed):
