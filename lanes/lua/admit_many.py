@@ -14,6 +14,7 @@ from typing import Any
 from lanes import keys
 from lanes.lua import admit
 from lanes.lua.loader import Packed, ScriptStream, bulk_strings
+from lanes.lua.loader import utf8_length as _length
 
 NAME = "admit_many"
 
@@ -25,6 +26,9 @@ def stream() -> ScriptStream:
 
 def keys_and_args(items: Sequence[Mapping[str, Any]]) -> tuple[list[Any], list[Any]]:
     """admit_many.lua's KEYS and ARGV for ``items``: each ``admit.keys_and_args``'s keyword arguments.
+
+    The reference ``packed`` is held equal to (``tests/integration/test_admit_many_packing.py``):
+    ``dispatch_many`` sends ``packed``, which writes the same call as text.
 
     Every item is of one task type (one lane, one config version); the chunk's
     ``now`` is its first item's. An item's keys are its record's, then those of
@@ -103,11 +107,6 @@ def _ms(seconds: float) -> str:
     """``seconds`` in whole milliseconds, as text (as ``keys_and_args`` writes them): a chunk's items share
     their deadline and due times (one ``now`` a chunk), so this is mostly a lookup."""
     return str(int(seconds * 1000))
-
-
-def _length(text: str) -> int:
-    """``text``'s length in UTF-8 (its ``len`` when ASCII, which ``isascii`` knows without looking)."""
-    return len(text) if text.isascii() else len(text.encode())
 
 
 def replies(reply: Any, count: int) -> list[Any]:

@@ -222,13 +222,18 @@ class Packed:
         self.numkeys, self.count, self.resp = numkeys, count, resp
 
 
+def utf8_length(text: str) -> int:
+    """``text``'s length in UTF-8 (its ``len`` when ASCII, which ``isascii`` knows without looking)."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
 def bulk_strings(values: Sequence[Any]) -> str:
     """``values`` (str, or int) as Redis protocol bulk strings, as text to be encoded in UTF-8 (with
     ``Packed``): each one's length is its UTF-8 length."""
     out = []
     for value in values:
         text = value if isinstance(value, str) else str(int(value))
-        out.append(f"${len(text) if text.isascii() else len(text.encode())}\r\n{text}\r\n")
+        out.append(f"${utf8_length(text)}\r\n{text}\r\n")
     return "".join(out)
 
 
