@@ -27,6 +27,7 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
+from lanes import memory_guard
 from lanes.lua import admit_many
 from lanes.lua.admit import count_dispatched, reports_a_task
 from lanes.lua.loader import NotSent
@@ -38,6 +39,7 @@ from tasks.admission import (
     config_kept_changing,
     confirm_config,
     interpret,
+    memory_high,
     prepare,
     rejected_invalid,
     shared_settings,
@@ -208,6 +210,11 @@ class _Admission:
                 if queue:
                     size = next_chunk_size(self.chunks, len(queue))
                     chunk = [queue.popleft() for _ in range(size)]
+                    full = memory_guard.refusal(len(chunk))
+                    if full:
+                        for index, *_ in chunk:
+                            self.results[index] = memory_high(self.snap, self.task_type, full)
+                        continue
                     version = self.snap.version
                     prepared = self._prepare(chunk)
                     if self.snap.version != version and self.sent:

