@@ -155,39 +155,52 @@ def breakdown(r: Any, before: dict[str, int], lane: str, n: int) -> dict[str, fl
     return {part: round(total / n, 1) for part, total in parts.items()}
 
 
-def fill(kind: str, n: int, chunk: int = 2000, tag: str = "") -> dict[str, Any]:
-    """Dispatch ``n`` tasks of ``kind`` with nobody consuming; bytes per task, total and by part.
+def measure(type_name: str, lane: str, items: list[Any], chunk: int = 2000) -> dict[str, Any]:
+    """Dispatch ``items`` (``dispatch_many``'s) of ``type_name`` on ``lane``, nobody consuming: bytes per task.
 
-    Runs where Django's settings reach the Redis to measure. A few tasks first
-    (scripts cached, the config read, the lane's counters created), then the fill.
-    ``tag`` keeps chats and keys apart from an earlier fill's in the same Redis.
+    Total from ``used_memory``; parts from ``MEMORY USAGE`` of every key added or grown. Every item
+    must be accepted (a refusal raises: nothing is measured).
+    """
+    from lanes.redis_client import get_redis
+    from tasks.bulk import dispatch_many
+
+    r = get_redis()
+    n = len(items)
+    before_keys = _usages(r, _all_keys(r))
+    before = used_memory(r)
+    refused: dict[str, int] = {}
+    for start in range(0, n, chunk):
+        for res in dispatch_many(type_name, items[start:start + chunk]):
+            if not res.accepted:
+                refused[res.reason or "?"] = refused.get(res.reason or "?", 0) + 1
+    if refused:
+        raise RuntimeError(f"{sum(refused.values())} of {n} tasks were refused ({refused}); nothing is measured")
+    total = used_memory(r) - before
+    parts = breakdown(r, before_keys, lane, n)
+    return {"n": n, "bytes_per_task": round(total / n, 1), "parts": parts,
+            "parts_total": round(sum(parts.values()), 1), "unattributed": round(total / n - sum(parts.values()), 1)}
+
+
+def fill(kind: str, n: int, tag: str = "") -> dict[str, Any]:
+    """``measure`` ``n`` tasks of ``kind``, after a few (scripts cached, the config read, counters created).
+
+    Runs where Django's settings reach the Redis to measure. ``tag`` keeps chats and keys apart
+    from an earlier fill's in the same Redis.
     """
     from lanes.redis_client import get_redis
     from tasks.bulk import dispatch_many
 
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
-    r = get_redis()
-    warm = [res for res in dispatch_many(TYPES[kind], _items(kind, 0, 20, tag + "w"))]
+    warm = dispatch_many(TYPES[kind], _items(kind, 0, 20, tag + "w"))
     refused = [res.reason for res in warm if not res.accepted]
     if refused:
         raise RuntimeError(f"the warm-up of {kind} was refused: {refused[:3]}")
-    before_keys = _usages(r, _all_keys(r))
-    before = used_memory(r)
-    rejected = 0
-    for start in range(0, n, chunk):
-        results = dispatch_many(TYPES[kind], _items(kind, start, min(chunk, n - start), tag))
-        rejected += sum(1 for res in results if not res.accepted)
-    if rejected:
-        raise RuntimeError(f"{rejected} of {n} {kind} tasks were refused; nothing is measured")
-    total = used_memory(r) - before
-    parts = breakdown(r, before_keys, LANES[kind], n)
-    attributed = sum(parts.values())
-    return {"kind": kind, "n": n, "bytes_per_task": round(total / n, 1), "parts": parts,
-            "unattributed": round(total / n - attributed, 1), "encodings": _encodings(r, kind, tag)}
+    report = measure(TYPES[kind], LANES[kind], _items(kind, 0, n, tag))
+    return {"kind": kind, **report, "encodings": _encodings(get_redis())}
 
 
-def _encodings(r: Any, kind: str, tag: str) -> dict[str, str]:
+def _encodings(r: Any) -> dict[str, str]:
     """The Redis encoding of one record and of each shared structure (listpack/ziplist vs hashtable)."""
     from lanes import keys
 
