@@ -7,7 +7,8 @@ workers serving two lanes:
 2. a probe process dispatches to the other lane at a steady rate, first alone
    (the baseline), then while a fill process sends N tasks to the paused lane
    with ``dispatch_many``; admission latency p50/p99 of each phase;
-3. during the fill, ``manage.py lanes --json`` and the dashboard page are timed,
+3. during the fill, ``manage.py lanes --json`` and the dashboard page are timed (rendered in a
+   process of their own, Django's start not counted),
    and Redis ``used_memory`` is read per chunk;
 4. the lane is resumed (``manage.py lanes --resume``) and drained; each task's
    handler (``bench.mark``) sets its bit in a bitmap: every bit set and none
@@ -104,11 +105,17 @@ def fill(n: int, run: str, chunk: int = FILL_CHUNK, progress: Callable[[str], No
             "bytes_per_task": round((after - before) / n, 1), "dbsize": r.dbsize()}
 
 
-def render_dashboard() -> float:
-    """Seconds to render the dashboard page for a superuser (Django's test client, in this process)."""
+def time_views() -> dict[str, float]:
+    """Seconds to render ``manage.py lanes --json`` and the dashboard page for a superuser, in this process."""
+    import io
+
     from django.contrib.auth import get_user_model
+    from django.core.management import call_command
     from django.test import Client
 
+    t0 = time.perf_counter()
+    call_command("lanes", "--json", stdout=io.StringIO())
+    lanes_s = time.perf_counter() - t0
     user_model = get_user_model()
     user = user_model.objects.filter(username="backlog-bench").first() or user_model.objects.create_superuser(
         "backlog-bench", "b@x", uuid.uuid4().hex)
@@ -116,10 +123,10 @@ def render_dashboard() -> float:
     client.force_login(user)
     t0 = time.perf_counter()
     page = client.get("/admin/dashboard/", HTTP_HOST="127.0.0.1")
-    seconds = time.perf_counter() - t0
+    dashboard_s = time.perf_counter() - t0
     if page.status_code != 200:
         raise RuntimeError(f"the dashboard answered {page.status_code}")
-    return round(seconds, 3)
+    return {"lanes_s": round(lanes_s, 3), "dashboard_s": round(dashboard_s, 3)}
 
 
 def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, instances: int = 2,
@@ -165,9 +172,9 @@ def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, i
             filler = threading.Thread(target=do_fill)
             filler.start()
             while filler.is_alive():
-                timings["lanes_s"].append(_timed(lambda: bench._manage("lanes", "--json")))
-                timings["dashboard_s"].append(float(bench._manage("backlog", "--role", "dashboard").strip()))
-                filler.join(timeout=2)
+                for name, seconds in json.loads(bench._manage("backlog", "--role", "views")).items():
+                    timings[name].append(seconds)
+                filler.join(timeout=1)
             if not filled:
                 raise RuntimeError("the fill failed (see the log above)")
 
@@ -175,8 +182,7 @@ def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, i
         report["fill"] = filled
         report["views_during_fill"] = {k: {"calls": len(v), "max_s": max(v, default=None),
                                            "p50_s": percentile(v, 0.5)} for k, v in timings.items()}
-        report["views_full"] = {"lanes_s": _timed(lambda: bench._manage("lanes", "--json")),
-                                "dashboard_s": float(bench._manage("backlog", "--role", "dashboard").strip())}
+        report["views_full"] = json.loads(bench._manage("backlog", "--role", "views"))
         report["used_memory_full"] = int(r.info("memory")["used_memory"])
         say("backlog: resume and drain")
         report["resume"] = bench._manage("lanes", "--resume", BACKLOG_LANE).strip()
@@ -201,12 +207,6 @@ def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, i
             w.stop()
         bench.teardown()
     return report
-
-
-def _timed(fn: Callable[[], Any]) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return round(time.perf_counter() - t0, 3)
 
 
 def _probe_phase(bench: Any, rate: float, body: Callable[[], None]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--instances", type=int, default=2, help="worker main processes")
         parser.add_argument("--concurrency", type=int, default=8, help="threads per worker")
         parser.add_argument("--drain-timeout", type=float, default=7200.0, help="seconds")
-        parser.add_argument("--role", choices=["setup", "fill", "probe", "dashboard"], help=argparse.SUPPRESS)
+        parser.add_argument("--role", choices=["setup", "fill", "probe", "views"], help=argparse.SUPPRESS)
         parser.add_argument("--spec", help=argparse.SUPPRESS)
 
     def handle(self, *args, **opts):
@@ -40,8 +40,8 @@ class Command(BaseCommand):
             spec = json.loads(opts["spec"])
             self.stdout.write(json.dumps(backlog.probe(float(spec["rate"]), spec["stop_file"])))
             return
-        if role == "dashboard":
-            self.stdout.write(str(backlog.render_dashboard()))
+        if role == "views":
+            self.stdout.write(json.dumps(backlog.time_views()))
             return
         if opts["tasks"] < 1 or opts["probe_rate"] <= 0:
             raise CommandError("--tasks must be at least 1 and --probe-rate above 0")
