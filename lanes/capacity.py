@@ -29,13 +29,16 @@ class PathCost:
     bytes_waiting: float
 
 
-#: Measured on the development machine (2 shared cores, Redis 6.2), docs/scaling.md's tables.
+#: Measured on the development machine (2 cores shared with other jobs, load 6-9, Redis 6.2.5), 2026-12-01:
+#: CPU and commands by ``manage.py benchmark --rounds 1 --tasks 1000 --workloads noop --instances 1`` (rows
+#: platform, chat, limited, batch, batch-bulk), bytes by ``manage.py memory --tasks 20000``; docs/scaling.md.
+#: A batched type's record and message are a plain type's (the batch is made at the claim).
 PATHS: dict[str, PathCost] = {
-    "plain": PathCost(redis_cpu_us=330.0, commands=21.5, bytes_waiting=3600.0),
-    "chat": PathCost(redis_cpu_us=420.0, commands=30.0, bytes_waiting=2500.0),
-    "limited": PathCost(redis_cpu_us=450.0, commands=30.0, bytes_waiting=2600.0),
-    "batched": PathCost(redis_cpu_us=120.0, commands=9.0, bytes_waiting=3600.0),
-    "bulk": PathCost(redis_cpu_us=60.0, commands=6.0, bytes_waiting=3600.0),
+    "plain": PathCost(redis_cpu_us=370.0, commands=26.5, bytes_waiting=3632.0),
+    "chat": PathCost(redis_cpu_us=420.0, commands=35.5, bytes_waiting=2477.0),
+    "limited": PathCost(redis_cpu_us=390.0, commands=47.6, bytes_waiting=2586.0),
+    "batched": PathCost(redis_cpu_us=110.0, commands=14.3, bytes_waiting=3632.0),
+    "bulk": PathCost(redis_cpu_us=60.0, commands=6.5, bytes_waiting=3632.0),
 }
 #: An empty platform's Redis (scripts, config, counters, a few lanes): bytes.
 BASELINE_BYTES = 2 * 1024 * 1024

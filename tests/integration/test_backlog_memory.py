@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from lanes import keys
+from lanes import capacity, keys
 from tests.support.helpers import define, lane_depth, unique, wait_until
 
 N = 1000
@@ -35,6 +35,7 @@ def test_a_paused_lanes_backlog_fits_its_budget_and_drains_once(rc, start_worker
     define(name, handler="bench.mark", lane=lane, timeout=600)
     control.pause(lane, "test")
     keys_before = rc.dbsize()
+    commands_before, cpu_before = _commands(rc), _redis_cpu_s(rc)
 
     report = memory.measure(name, lane, [{"run": run, "n": i} for i in range(N)])
 
@@ -56,3 +57,22 @@ def test_a_paused_lanes_backlog_fits_its_budget_and_drains_once(rc, start_worker
     wait_until(lambda: lane_depth(rc, lane) == 0 and int(rc.get(keys.lane_waiting(lane)) or 0) == 0,
                timeout=20, what="the lane emptied")
     assert int(rc.get(twice_key(run)) or 0) == 0
+
+    # lanes.capacity's constants (manage.py capacity, docs/scaling.md) hold to this fresh measurement's
+    # order of magnitude: bytes, commands and Redis CPU per task, filled and drained (the handler's own
+    # two commands and the workers' idle polling counted in: hence a factor, not a figure).
+    cost = capacity.PATHS["plain"]
+    per_task_commands = (_commands(rc) - commands_before) / N
+    per_task_cpu_us = (_redis_cpu_s(rc) - cpu_before) / N * 1e6
+    assert cost.bytes_waiting / 2 <= report["bytes_per_task"] <= cost.bytes_waiting * 2, report
+    assert cost.commands / 3 <= per_task_commands <= cost.commands * 3, per_task_commands
+    assert cost.redis_cpu_us / 10 <= per_task_cpu_us <= cost.redis_cpu_us * 10, per_task_cpu_us
+
+
+def _commands(rc) -> int:
+    return sum(int(stat["calls"]) for stat in rc.info("commandstats").values())
+
+
+def _redis_cpu_s(rc) -> float:
+    info = rc.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
