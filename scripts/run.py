@@ -33,11 +33,14 @@ def port_free(port: int) -> bool:
 
 
 def redis_conf(port: int, password: str, data_dir: Path) -> str:
+    from lanes.capacity import REDIS_CONFIG  # inner import: the project's path is set by main()
+
     fsync = os.environ.get("REDIS_APPENDFSYNC", "always")
     return "\n".join([
         f"port {port}", "bind 127.0.0.1", "protected-mode yes", f'requirepass "{password}"',
         f"dir {data_dir}", "appendonly yes", f"appendfsync {fsync}", 'save ""',
-        "daemonize no", "loglevel notice", "maxclients 2000", "",
+        "daemonize no", "loglevel notice", "maxclients 2000",
+        *(f"{name} {value}" for name, value in REDIS_CONFIG.items()), "",
     ])
 
 

@@ -218,6 +218,13 @@ def machine_info() -> dict[str, Any]:
 
 
 # -- processes ---------------------------------------------------------------
+def _redis_config_args() -> list[str]:
+    """The platform's Redis settings (``lanes.capacity.REDIS_CONFIG``) as redis-server arguments."""
+    from lanes.capacity import REDIS_CONFIG
+
+    return [arg for name, value in REDIS_CONFIG.items() for arg in (f"--{name}", value)]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -272,7 +279,7 @@ class Bench:
             (self.tmp / "redis").mkdir()
             self.redis = _Proc([REDIS_SERVER_PATH, "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
                                 password, "--dir", str(self.tmp / "redis"), "--appendonly", "no", "--save", "",
-                                "--daemonize", "no", "--loglevel", "warning"], dict(os.environ),
+                                "--daemonize", "no", "--loglevel", "warning", *_redis_config_args()], dict(os.environ),
                                self.tmp / "redis.log")
             self.redis_pid = self.redis.pid
             url = f"redis://:{password}@127.0.0.1:{port}/0"

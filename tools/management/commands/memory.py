@@ -20,6 +20,8 @@ class Command(BaseCommand):
         parser.add_argument("--kinds", default=",".join(memory.KINDS), help=f"of {','.join(memory.KINDS)}")
         parser.add_argument("--peers", default=",".join(memory.PEERS),
                             help=f"of {','.join(memory.PEERS)} ('' for none)")
+        parser.add_argument("--stock-redis", action="store_true",
+                            help="Redis's defaults, not the platform's settings (lanes.capacity.REDIS_CONFIG)")
         parser.add_argument("--json", action="store_true")
         parser.add_argument("--role", choices=["setup", "fill"], help=argparse.SUPPRESS)
         parser.add_argument("--spec", help=argparse.SUPPRESS)
@@ -40,7 +42,7 @@ class Command(BaseCommand):
                 raise CommandError(f"unknown {name}(s) {unknown}; choose from {', '.join(known)}")
         if opts["tasks"] < 100:
             raise CommandError("--tasks must be at least 100 (fewer measure the allocator, not the tasks)")
-        report = memory.run_memory(n=opts["tasks"], kinds=kinds, peers=peers,
+        report = memory.run_memory(n=opts["tasks"], kinds=kinds, peers=peers, stock=opts["stock_redis"],
                                    progress=lambda line: self.stderr.write(line))
         if opts["json"]:
             self.stdout.write(dumps(report))
@@ -56,4 +58,5 @@ class Command(BaseCommand):
             rows.append(shown)
         columns = ["system", "bytes/task", *[p for p in memory.PARTS if any(p in r for r in rows)], "unattributed"]
         self.stdout.write(table(rows, columns))
-        self.stdout.write(f"{report['n']} tasks per system, each in a fresh redis-server, nobody consuming")
+        config = "Redis defaults" if opts["stock_redis"] else "the platform's Redis settings"
+        self.stdout.write(f"{report['n']} tasks per system, each in a fresh redis-server ({config}), nobody consuming")
