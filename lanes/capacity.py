@@ -31,14 +31,15 @@ class PathCost:
 
 #: Measured on the development machine (2 cores shared with other jobs, load 6-9, Redis 6.2.5), 2026-12-01:
 #: CPU and commands by ``manage.py benchmark --rounds 1 --tasks 1000 --workloads noop --instances 1`` (rows
-#: platform, chat, limited, batch, batch-bulk), bytes by ``manage.py memory --tasks 20000``; docs/scaling.md.
+#: platform, chat, limited, batch, batch-bulk), bytes by ``manage.py memory --tasks 20000`` with
+#: ``REDIS_CONFIG`` (below); docs/scaling.md.
 #: A batched type's record and message are a plain type's (the batch is made at the claim).
 PATHS: dict[str, PathCost] = {
-    "plain": PathCost(redis_cpu_us=370.0, commands=26.5, bytes_waiting=3632.0),
-    "chat": PathCost(redis_cpu_us=420.0, commands=35.5, bytes_waiting=2477.0),
-    "limited": PathCost(redis_cpu_us=390.0, commands=47.6, bytes_waiting=2586.0),
-    "batched": PathCost(redis_cpu_us=110.0, commands=14.3, bytes_waiting=3632.0),
-    "bulk": PathCost(redis_cpu_us=60.0, commands=6.5, bytes_waiting=3632.0),
+    "plain": PathCost(redis_cpu_us=370.0, commands=26.5, bytes_waiting=2886.0),
+    "chat": PathCost(redis_cpu_us=420.0, commands=35.5, bytes_waiting=1980.0),
+    "limited": PathCost(redis_cpu_us=390.0, commands=47.6, bytes_waiting=1940.0),
+    "batched": PathCost(redis_cpu_us=110.0, commands=14.3, bytes_waiting=2886.0),
+    "bulk": PathCost(redis_cpu_us=60.0, commands=6.5, bytes_waiting=2886.0),
 }
 #: Redis settings the platform's own Redis runs with (``make run``'s config file, the tests' Redis), and
 #: that docs/scaling.md asks of any other. A waiting task's record holds its message (about 1.1 KB), so
