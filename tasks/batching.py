@@ -20,11 +20,11 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery import Task, states
+from celery.app.task import Context as CeleryContext
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
@@ -121,7 +121,7 @@ def _item_of(task: Task, raw: bytes, owner: str) -> Attempt | None:
     except (ValueError, TypeError, KeyError) as exc:
         logger.error("batch_item_malformed error=%r", exc)
         return None  # its claim's lease runs out; the single path then dead-letters it as malformed
-    request = SimpleNamespace(
+    request = CeleryContext(
         task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
         hostname=getattr(task.request, "hostname", None), periodic_task_name=None, meta={}, children=[],
         dispatch_settle=None,

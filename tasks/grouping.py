@@ -42,11 +42,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from types import SimpleNamespace
 from typing import Any
 
 from celery import signals as celery_signals
 from celery import states
+from celery.app.task import Context as CeleryContext
 from celery.exceptions import Ignore, Retry
 from celery.worker.strategy import default as default_strategy
 from django.conf import settings
@@ -214,7 +214,7 @@ class Runner:
             task_id = headers["id"]
         except (TypeError, ValueError, KeyError):
             return None
-        request = SimpleNamespace(
+        request = CeleryContext(
             id=task_id, task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
             hostname=self.hostname, periodic_task_name=None, meta={}, children=[], dispatch_settle=None,
             timelimit=None, retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
