@@ -23,7 +23,10 @@ from lanes.priorities import to_kombu
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
 
 _ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
-_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+#: The body's third part (Celery's callbacks, errbacks, chain, chord): none, so empty. Celery reads each
+#: with ``embed.get`` (and the headers below that the message leaves out, at their defaults, with
+#: ``headers.get``): every byte of a message is kept twice while its task waits (BENCHMARKS.md).
+_EMBED: dict[str, Any] = {}
 #: Seconds between the soft time limit (handler told to stop) and the hard one (process killed),
 #: beyond the time an attempt may spend recording its outcome while Redis is away (see
 #: :func:`hard_limit_grace_s`).
@@ -167,22 +170,20 @@ def _fixed(handler: str, type_name: str, lane: str, soft_limit_s: float, hard_li
     half of a message's CPU was writing them again for each task of a bulk dispatch."""
     after_body = (f'","content-encoding":"utf-8","content-type":"application/json",'
                   f'"headers":{{"lang":"py","task":{_string(handler)},"id":')
-    after_id = (f',"shadow":{_string(type_name)},"eta":null,"expires":null,"group":null,"group_index":null,'
-                f'"retries":')
+    after_id = f',"shadow":{_string(type_name)},"retries":'
     limits = f',"timelimit":[{_number(hard_limit_s)},{_number(soft_limit_s)}],"root_id":'
     return after_body, after_id, limits
 
 
 @functools.lru_cache(maxsize=1024)
 def _properties(lane: str, kombu_priority: int) -> str:
-    return (f',"reply_to":"","delivery_mode":2,"delivery_info":{{"exchange":"","routing_key":'
+    return (f'"delivery_info":{{"exchange":"","routing_key":'
             f'{_string(keys.lane_queue(lane, 0))}}},"priority":{int(kombu_priority)},'
             f'"body_encoding":"utf-8","delivery_tag":"\0"}}}}')
 
 
-_AFTER_ROOT = ',"parent_id":null,"argsrepr":"()","kwargsrepr":'
-_AFTER_REPR = (f',"origin":{_string(_ORIGIN)},"ignore_result":false,"replaced_task_nesting":0,'
-               f'"stamped_headers":null,"stamps":{{}},"{LEASED_HEADER}":true,"{RECORD_HEADER}":')
+_AFTER_ROOT = ',"argsrepr":"()","kwargsrepr":'
+_AFTER_REPR = f',"origin":{_string(_ORIGIN)},"{LEASED_HEADER}":true,"{RECORD_HEADER}":'
 #: The body's text around its payload and envelope, as it appears inside the message's ``body`` string.
 _BODY_HEAD = '{"body":"[[],{\\"payload\\":'
 _BODY_MID = ',\\"dispatch\\":'
@@ -213,7 +214,7 @@ def build_message(task_id: str, handler: str, payload_json: str, envelope: Envel
         f'{_BODY_HEAD}{_escaped(payload_json)}{_BODY_MID}{_envelope_json(envelope)}{_BODY_TAIL}'
         f'{after_body}{tid}{after_id}{int(envelope.attempt) - 1}{limits}{tid}{_AFTER_ROOT}'
         f'{_string(_short_repr(payload_json, envelope))}{_AFTER_REPR}'
-        f'{_string(keys.task_record(task_id, envelope.chat or None))}}},"properties":{{"correlation_id":{tid}'
+        f'{_string(keys.task_record(task_id, envelope.chat or None))}}},"properties":{{'
         f'{_properties(envelope.lane, to_kombu(envelope.priority))}'
     )
 
@@ -225,13 +226,10 @@ def message_dict(task_id: str, handler: str, payload_json: str, envelope: Envelo
     body = f'[[],{{"payload":{payload_json},"dispatch":{json.dumps(envelope.as_dict(), separators=(",", ":"))}}},' \
         f'{json.dumps(_EMBED, separators=(",", ":"))}]'
     headers: dict[str, Any] = {
-        "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "eta": None,
-        "expires": None, "group": None, "group_index": None, "retries": envelope.attempt - 1,
+        "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "retries": envelope.attempt - 1,
         "timelimit": [soft_limit_s + hard_limit_grace_s(), soft_limit_s], "root_id": task_id,
-        "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),
-        "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
-        "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,
-        RECORD_HEADER: keys.task_record(task_id, envelope.chat or None),
+        "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope), "origin": _ORIGIN,
+        LEASED_HEADER: True, RECORD_HEADER: keys.task_record(task_id, envelope.chat or None),
     }
     return {
         "body": body,
@@ -239,9 +237,6 @@ def message_dict(task_id: str, handler: str, payload_json: str, envelope: Envelo
         "content-type": "application/json",
         "headers": headers,
         "properties": {
-            "correlation_id": task_id,
-            "reply_to": "",
-            "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": keys.lane_queue(envelope.lane, 0)},
             "priority": to_kombu(envelope.priority),
             "body_encoding": "utf-8",
