@@ -130,19 +130,28 @@ def time_views() -> dict[str, float]:
 
 
 def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, instances: int = 2,
-                concurrency: int = 8, drain_timeout_s: float = 7200.0,
+                concurrency: int = 8, drain_timeout_s: float = 7200.0, out: str | None = None,
                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """The whole measurement (see the module docstring); returns the report."""
+    """The whole measurement (see the module docstring); returns the report.
+
+    ``out``: a file the report so far is written to after each phase, so a run stopped early
+    (or past ``drain_timeout_s``) keeps what it measured.
+    """
     from lanes import keys
     from tools.bench_tasks import mark_key, twice_key
     from tools.benchmark import BIN, Bench, BenchOptions, _Proc, machine_info
 
-    say = progress or (lambda line: None)
+    report: dict[str, Any] = {"n": n, "probe_rate": probe_rate, "machine": machine_info(),
+                              "workers": f"{instances} x celery -P threads -c {concurrency}"}
+
+    def say(line: str) -> None:
+        (progress or (lambda _: None))(line)
+        if out:
+            Path(out).write_text(json.dumps(report, indent=1))
+
     bench = Bench(BenchOptions(workloads=["dispatch"]), progress=say)
     run = uuid.uuid4().hex[:8]
     workers: list[_Proc] = []
-    report: dict[str, Any] = {"n": n, "probe_rate": probe_rate, "machine": machine_info(),
-                              "workers": f"{instances} x celery -P threads -c {concurrency}"}
     try:
         bench.setup()
         bench._manage("backlog", "--role", "setup")
@@ -184,14 +193,21 @@ def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, i
                                            "p50_s": percentile(v, 0.5)} for k, v in timings.items()}
         report["views_full"] = json.loads(bench._manage("backlog", "--role", "views"))
         report["used_memory_full"] = int(r.info("memory")["used_memory"])
+        report["dbsize_full"] = r.dbsize()
         say("backlog: resume and drain")
         report["resume"] = bench._manage("lanes", "--resume", BACKLOG_LANE).strip()
         t0 = time.monotonic()
         deadline = t0 + drain_timeout_s
         accepted = n - sum(filled.get("rejected", {}).values())
+        last_say = t0
         while r.bitcount(mark_key(run)) < accepted:
             if time.monotonic() > deadline:
                 break
+            if time.monotonic() - last_say > 60:
+                last_say = time.monotonic()
+                report["drain_so_far"] = {"seconds": round(last_say - t0), "ran": r.bitcount(mark_key(run)),
+                                          "ran_twice": int(r.get(twice_key(run)) or 0)}
+                say(f"backlog: drained {report['drain_so_far']['ran']} of {accepted}")
             if any(w.p.poll() is not None for w in workers):
                 raise RuntimeError(f"a worker exited during the drain; see {logs}")
             time.sleep(1)
@@ -202,6 +218,9 @@ def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, i
                            "ran": r.bitcount(mark_key(run)), "ran_twice": int(r.get(twice_key(run)) or 0),
                            "accepted": accepted, "waiting_after": waiting}
         report["ok"] = (report["drain"]["ran"] == accepted and report["drain"]["ran_twice"] == 0)
+        report["script_calls"] = {k: v for k, v in r.info("commandstats").items() if k in ("cmdstat_evalsha",
+                                                                                            "cmdstat_rpop")}
+        say("backlog: done")
     finally:
         for w in workers:
             w.stop()

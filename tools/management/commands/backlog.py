@@ -23,6 +23,7 @@ class Command(BaseCommand):
         parser.add_argument("--instances", type=int, default=2, help="worker main processes")
         parser.add_argument("--concurrency", type=int, default=8, help="threads per worker")
         parser.add_argument("--drain-timeout", type=float, default=7200.0, help="seconds")
+        parser.add_argument("--out", help="write the report so far to this file after each phase")
         parser.add_argument("--role", choices=["setup", "fill", "probe", "views"], help=argparse.SUPPRESS)
         parser.add_argument("--spec", help=argparse.SUPPRESS)
 
@@ -47,7 +48,7 @@ class Command(BaseCommand):
             raise CommandError("--tasks must be at least 1 and --probe-rate above 0")
         report = backlog.run_backlog(n=opts["tasks"], probe_rate=opts["probe_rate"], instances=opts["instances"],
                                      concurrency=opts["concurrency"], drain_timeout_s=opts["drain_timeout"],
-                                     progress=lambda line: self.stderr.write(line))
+                                     out=opts["out"], progress=lambda line: self.stderr.write(line))
         self.stdout.write(dumps(report))
         if not report.get("ok"):
             raise CommandError("not every accepted task ran exactly once (see drain)")
