@@ -209,8 +209,9 @@ def _encodings(r: Any) -> dict[str, str]:
 
     out = {}
     for name in r.scan_iter(match=keys.PREFIX + "*t:*", count=5000):
-        out["record"] = r.object("encoding", name).decode()
-        break
+        if classify(name.decode(), "") == "record":
+            out["record"] = r.object("encoding", name).decode()
+            break
     for label, name in (("deadlines", keys.DEADLINES), ("leases", keys.LEASES)):
         if r.exists(name):
             out[label] = r.object("encoding", name).decode()
