@@ -6,8 +6,11 @@ Each ROOT is a checkout (default: this one); the rounds alternate between them
 (A B A B ...), each round a fresh process with its own redis-server
 (``appendfsync no``: the caller's and the script's cost, not the disk's) and
 SQLite file, so two checkouts are compared in the same run. A live consumer is
-registered for the lane, as a serving lane has one. Prints p50, p99 and mean
-per round and the median of the rounds per checkout, in microseconds.
+registered for the lane, as a serving lane has one. Prints per round, in
+microseconds a call: p50, p99 and mean of the wall time, the caller's CPU
+(``process_time``) and Redis' time in commands (``INFO commandstats``): on a
+busy machine the wall times are noisy, the two CPU figures much less. Then the
+median and the least of the rounds per checkout.
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
+
+
+def _redis_usec(client) -> int:
+    """Microseconds Redis spent in commands so far (``INFO commandstats``), its own INFO's included."""
+    return sum(int(stat["usec"]) for stat in client.info("commandstats").values())
 
 
 def measure(root: Path, calls: int, warmup: int) -> dict[str, float]:
@@ -56,14 +64,20 @@ def measure(root: Path, calls: int, warmup: int) -> dict[str, float]:
             assert dispatch.delay("latency.echo", {"warm": i}).accepted
         took: list[float] = []
         clock = time.perf_counter
+        client = server.client()
+        redis_us = _redis_usec(client)
+        cpu = time.process_time()
         for i in range(calls):
             started = clock()
             result = dispatch.delay("latency.echo", {"i": i})
             took.append(clock() - started)
             assert result.accepted, result
+        cpu = time.process_time() - cpu
+        redis_us = _redis_usec(client) - redis_us
         took.sort()
         return {"p50_us": took[len(took) // 2] * 1e6, "p99_us": took[int(len(took) * 0.99)] * 1e6,
-                "mean_us": statistics.fmean(took) * 1e6}
+                "mean_us": statistics.fmean(took) * 1e6, "caller_cpu_us": cpu / calls * 1e6,
+                "redis_us": redis_us / calls}
     finally:
         server.stop()
 
@@ -90,7 +104,9 @@ def main() -> None:
             print(f"round {number + 1} {root}: " + ", ".join(f"{k} {v:.0f}" for k, v in figures.items()))
     for root, figures in rounds.items():
         medians = {k: statistics.median(f[k] for f in figures) for k in figures[0]}
+        least = {k: min(f[k] for f in figures) for k in figures[0]}
         print(f"median of {len(figures)} rounds {root}: " + ", ".join(f"{k} {v:.0f}" for k, v in medians.items()))
+        print(f"least of {len(figures)} rounds {root}: " + ", ".join(f"{k} {v:.0f}" for k, v in least.items()))
 
 
 if __name__ == "__main__":

@@ -225,6 +225,8 @@ class Admission:
     def _settle(self, answered: list[tuple[int, Prepared, admit.Reply | redis.RedisError, dict]],
                 failed: redis.RedisError | None) -> None:
         """Turn ``answered`` replies into results; ``failed``: the replicas did not confirm the writes."""
+        if not answered:
+            return
         dispatched: Counter[tuple[str, str, float]] = Counter()
         for index, item, reply, limits in answered:
             if failed is not None and admit.reports_a_task(reply):
