@@ -132,7 +132,7 @@ def test_a_server_that_has_the_script_gets_no_script_load_and_one_that_lost_it_g
     assert dispatch.delay(name, {"one": 1}).accepted
     assert _script_loads(rc) == loads
     rc.script_flush()
-    results = dispatch_many(name, [{"after": i} for i in range(120)]) + [dispatch.delay(name, {"after": "one"})]
+    results = [*dispatch_many(name, [{"after": i} for i in range(120)]), dispatch.delay(name, {"after": "one"})]
     assert all(r.accepted for r in results), [r for r in results if not r.accepted][:3]
     assert rc.exists(*(keys.task_record(r.task_id) for r in results)) == len(results)
     assert lane_depth(rc, lane) == 3 + 120 + 1 + 121  # each item stored once
