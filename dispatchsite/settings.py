@@ -85,7 +85,7 @@ MIDDLEWARE = [
 
 # Content-Security-Policy on every response (django-csp 4 format): scripts and
 # styles only from our own static files, so a tag that slipped into a page
-# (issue 12's reflected XSS) cannot run. The admin and the dashboard keep no
+# (a reflected XSS) cannot run. The admin and the dashboard keep no
 # inline script or style; tests/browser fails on any reported violation.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {

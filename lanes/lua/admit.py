@@ -89,7 +89,7 @@ def _healthy(reply: list[Any]) -> bool:
 
 
 def count_accepted(reply: Any, script_args: Mapping[str, Any]) -> None:
-    """Count an accepted task ('ok') as dispatched, in process (``lanes.counters``; the script did until issue 16).
+    """Count an accepted task ('ok') as dispatched, in process (``lanes.counters``: no command in the script).
 
     ``script_args``: the ``keys_and_args`` arguments of its call (``lane``, ``task_type``, ``now``).
     """
