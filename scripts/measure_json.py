@@ -1,4 +1,5 @@
-"""Per-call CPU of the dispatch path's JSON: ``tasks.validation.encode_json`` and ``lanes.messages.build_message``.
+"""Per-call CPU of the dispatch path's JSON: ``tasks.validation.encode_json``, ``lanes.messages.build_message``
+and ``tasks.admission.prepare`` (both of them and the rest of an item's Python).
 
 Run it from two checkouts in one go to compare them side by side (rounds
 alternate between the checkouts, each a separate process; the figure is the
@@ -55,7 +56,38 @@ def measure(calls: int) -> dict[str, float]:
     for name, env in envelopes.items():
         out[f"build_message {name}"] = best(
             lambda e=env: build_message(task_id, "bench.work", payload_json, e, 10.0, 17.0))
+    out.update(_prepare(best, task_id))
     return out
+
+
+def _prepare(best, task_id: str) -> dict[str, float]:
+    """``tasks.admission.prepare`` of one item (validation, envelope, message), on a snapshot made here: the
+    per-item Python of ``dispatch.delay`` and ``dispatch_many``; empty when its signature is not this one."""
+    from tasks import admission, config
+    from tasks.retry import Backoff
+
+    types = {name: config.TypeConf(name=name, handler="bench.work", lane="bench-plain", priority=5, timeout_s=60.0,
+                                   attempt_timeout_s=10.0, chat_scoped=chat, chat_queue_size=64,
+                                   max_payload_bytes=65536, idempotency_window_s=86400, enabled=True, options={},
+                                   policy=Backoff(3, 0.1, 2.0, 1.0, 0.1))
+             for name, chat in (("bench.plain", False), ("bench.chat", True))}
+    snap = config.Snapshot(version="1", lanes={"bench-plain": config.LaneConf("bench-plain", 10**6, True)},
+                           types=types)
+    try:
+        shared = admission.shared_settings()
+        calls = {
+            "prepare plain": lambda: admission.prepare(snap, "bench.plain", PAYLOADS["sms (94 B)"], task_id=task_id,
+                                                       shared=shared),
+            "prepare chat, key": lambda: admission.prepare(snap, "bench.chat", PAYLOADS["sms (94 B)"],
+                                                           task_id=task_id, chat_id="chat-42",
+                                                           idempotency_key="k-1", shared=shared),
+        }
+        for call in calls.values():
+            call()
+    except (AttributeError, TypeError) as exc:
+        print(f"prepare not measured: {exc}", file=sys.stderr)
+        return {}
+    return {name: best(call) for name, call in calls.items()}
 
 
 def main() -> None:

@@ -49,12 +49,13 @@ keys = st.text(max_size=8) | st.integers(-5, 5) | st.booleans() | st.none() | st
 values = st.recursive(
     scalars,
     lambda inner: (st.lists(inner, max_size=4) | st.lists(inner, max_size=3).map(tuple)
-                   | st.dictionaries(keys, inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                   | st.dictionaries(keys, inner, max_size=4)
+                   | st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=16,
 )
 
 
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(value=values)
 def test_the_text_and_the_refusals_are_json_dumps(value):
     assert outcome(jsontext.dumps, value) == outcome(reference, value)
@@ -69,7 +70,7 @@ def test_what_json_refuses_is_refused(value):
 
 
 @pytest.mark.parametrize("value", [
-    {1: "a", None: "b", True: "c", 2.5: "d"}, {"x": 2**64}, {"x": -2**63 - 1}, {"x": (1, 2)}, {"x": Size.BIG},
+    {2: "a", None: "b", True: "c", 2.5: "d"}, {"x": 2**64}, {"x": -2**63 - 1}, {"x": (1, 2)}, {"x": Size.BIG},
     {"x": Tag("t")}, OrderedDict(a=1), {"x": [1e-5, 7e-7, 1.5e-9, 1e-10, 0.0001, 1e16]},
     {"deep": json.loads("[" * 300 + "]" * 300)}, {"é": "✓ \u2028 \x7f \x1f </"},
 ])
