@@ -85,7 +85,7 @@ MIDDLEWARE = [
 
 # Content-Security-Policy on every response (django-csp 4 format): scripts and
 # styles only from our own static files, so a tag that slipped into a page
-# (issue 12's reflected XSS) cannot run. The admin and the dashboard keep no
+# (a reflected XSS) cannot run. The admin and the dashboard keep no
 # inline script or style; tests/browser fails on any reported violation.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
@@ -257,7 +257,7 @@ CELERY_BROKER_URL = _broker_url(REDIS_URL, REDIS_PASSWORD) if REDIS_SENTINEL els
 # django-celery-results' table, written with one upsert per task (tasks.results).
 CELERY_RESULT_BACKEND = "tasks.results.UpsertBackend"
 # Celery's Django fixup otherwise closes every DB connection around every task,
-# so each task paid a new connection (measured: BENCHMARKS.md, proposal 1).
+# so each task paid a new connection (measured: benchmarks/archive.md, proposal 1).
 CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
 CELERY_RESULT_EXTENDED = True
 CELERY_ACCEPT_CONTENT = ["json"]

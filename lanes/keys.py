@@ -185,7 +185,7 @@ def lane_consumers(lane: str) -> str:
     return f"{PREFIX}lanes:consumers:{lane}"
 
 
-# --- limits (flow control, issue 15; lanes/lua/_lib.lua's gate) -----------------
+# --- limits (flow control; lanes/lua/_lib.lua's gate) ----------------------------
 #
 # Layout (read by the visible side too: dashboard, ``manage.py lanes``, metrics):
 # - ``LIMIT_DEFS`` hash: limit name -> JSON {"scope", "rate", "burst",

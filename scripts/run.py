@@ -147,7 +147,7 @@ def main() -> int:
 
 
 #: Worker groups ``make run`` starts, sized for I/O-bound outbound work on a small machine
-#: (BENCHMARKS.md, PERFORMANCE.md): one Celery main process costs about 1.6-2 ms of CPU
+#: (BENCHMARKS.md): one Celery main process costs about 1.6-2 ms of CPU
 #: per message whatever its pool, so throughput scales with worker *instances*; a thread
 #: pool keeps many 20 ms webhook calls in flight per instance. ``default`` also consumes
 #: Celery's default queue ``celery``, so a bare client's ``send_task("tasks.dispatch")``

@@ -108,7 +108,7 @@ class UpsertBackend(DatabaseBackend):
         return encoded
 
 
-# --- cancelled tasks (issue 18: tasks.cancel) ----------------------------------
+# --- cancelled tasks (tasks.cancel) --------------------------------------------
 
 
 def store_revoked(task_id: str, detail: str, request: Any = None) -> None:
