@@ -15,7 +15,9 @@ differing. Stopped by Ctrl-C (SIGINT to its process group), then by PID.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import time
 import urllib.error
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.make_run import copy_project, http_status, make_run, plain_env
+from tests.support.make_run import Started, copy_project, http_status, make_run, plain_env
 from tests.support.redis_server import free_port
 from tests.support.workers import ROOT
 
@@ -96,6 +98,7 @@ class Platform:
     redis: int
     env: dict[str, str]
     log: Path
+    started: Started
 
     def substitute(self, text: str) -> str:
         """The README's default ports and the Redis password placeholder, as this run has them."""
@@ -125,7 +128,7 @@ def platform(tmp_path_factory):
     with make_run(root, run_env, lambda: http_status(f"http://127.0.0.1:{web}/admin/login/") == 200,
                   timeout_s=START_TIMEOUT_S) as run:
         # Commands run in the project folder with a plain environment: they find the ports in var/runtime.json.
-        yield Platform(root, web, flower, redis_port, env, run.log_path)
+        yield Platform(root, web, flower, redis_port, env, run.log_path, run)
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +189,20 @@ def test_bare_celery_snippet_is_admitted_and_followed_through_the_api(platform, 
     while (task := state(answer["dispatched_task_id"]))["state"] != "SUCCESS" and time.monotonic() < deadline:
         time.sleep(0.3)
     assert task["state"] == "SUCCESS" and task["result"] == {"hello": 1}, task
+
+
+def test_ctrl_c_stops_everything_quietly(platform):
+    """Last in this file: Ctrl-C (SIGINT to make run's process group) stops web, beat, Flower, workers, then Redis.
+
+    Redis stopped first (it shared the terminal's process group) made every
+    worker log connection tracebacks on the way out.
+    """
+    proc = platform.started.proc
+    before = platform.log.stat().st_size
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=90) == 0
+    stopping = platform.log.read_bytes()[before:].decode(errors="replace")
+    assert "Traceback" not in stopping and "heartbeat_clear_failed" not in stopping, stopping[-4000:]
+    assert "ERROR/" not in stopping and "CRITICAL/" not in stopping, stopping[-4000:]
+    order = [stopping.find(f"{name} stopped") for name in ("web", "worker-default")]
+    assert -1 not in order and order[0] < order[1], stopping[-4000:]
