@@ -17,8 +17,9 @@ import time
 import uuid
 
 from celery.worker.consumer import Consumer as CeleryConsumer
+from django.conf import settings
 
-from tasks import dead_letters
+from tasks import dead_letters, grouping
 from tasks.worker_events import EVENT_FLUSH_INTERVAL
 
 logger = logging.getLogger(__name__)
@@ -62,6 +63,21 @@ class Consumer(CeleryConsumer):
         self._events_flush_due = False
         self._events_flushed_at = time.monotonic()
         super()._flush_events()
+
+    def stop(self) -> None:
+        self._drain_groups()
+        super().stop()
+
+    def shutdown(self) -> None:
+        self._drain_groups()
+        super().shutdown()
+
+    def _drain_groups(self) -> None:
+        # A warm shutdown lets the grouped tasks this worker took end (bounded by a lease: past it,
+        # their leases bring them back anyway), as Celery lets its pool's tasks end.
+        runner = grouping.Runner.existing(self)
+        if runner is not None and not runner.drain(settings.DISPATCH_LEASE_S):
+            logger.warning("group_drain_timed_out: the tasks still running come back by their leases")
 
     def on_decode_error(self, message, exc):
         _record(message, f"cannot decode the message: {exc}")
