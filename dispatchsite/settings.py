@@ -252,6 +252,8 @@ DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")
 #: claims, finishes and result rows once per group, without Celery's per-message request. Off:
 #: every message takes Celery's request path (the same outcomes; a test compares the two).
 DISPATCH_GROUPING = env_bool("DISPATCH_GROUPING", True)
+#: A grouping worker's prefetch multiplier (messages it holds per thread; Celery's own default is 4).
+DISPATCH_GROUP_PREFETCH = int(os.environ.get("DISPATCH_GROUP_PREFETCH", "4"))
 #: Threads a grouping worker may have stuck in handlers past their attempt limit before it takes no
 #: more work and shuts down warm for a fresh one (0: the worker's concurrency).
 DISPATCH_STUCK_THREADS_MAX = int(os.environ.get("DISPATCH_STUCK_THREADS_MAX", "0"))

@@ -46,6 +46,18 @@ class Consumer(CeleryConsumer):
     _events_flush_due = False  # a flush is scheduled on the event loop
     _events_flushed_at = 0.0
 
+    def __init__(self, *args, initial_prefetch_count=2, prefetch_multiplier=1, **kwargs):
+        # A grouping worker (tasks.grouping) claims what it receives at once and runs it on threads
+        # of its own: a deeper prefetch lets it take the next messages while the last ones finish
+        # (each hop between its threads waits for the scheduler), never more than it has claimed.
+        pool = kwargs.get("pool")
+        if settings.DISPATCH_GROUPING and type(pool).__module__ == "celery.concurrency.thread":
+            deeper = max(1, settings.DISPATCH_GROUP_PREFETCH)
+            initial_prefetch_count = initial_prefetch_count * deeper // max(1, prefetch_multiplier)
+            prefetch_multiplier = deeper
+        super().__init__(*args, initial_prefetch_count=initial_prefetch_count,
+                         prefetch_multiplier=prefetch_multiplier, **kwargs)
+
     def on_send_event_buffered(self) -> None:
         # Any thread (pool threads send task-started/succeeded). The flag is
         # cleared before a flush reads the buffer, so an event appended after
