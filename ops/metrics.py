@@ -546,6 +546,7 @@ def limit_table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             f"{b['key']}:{b['in_flight']}+{b['waiting']}" for b in lim["busiest"] if lim["scope"] != "global")
         rows.append({
             "limit": lim["name"], "scope": lim["scope"] + (" fair" if lim["fair_share"] else ""),
+            "rate/s now": format_rate(lim["admitted_per_s"]["now"]) if "now" in lim["admitted_per_s"] else "-",
             "rate/s 1m": format_rate(rate_1m),
             "limit/s": format_rate(lim["rate"]) if lim["rate"] else "-",
             "in flight": lim["in_flight"], "cap": lim["cap"] if lim["cap"] is not None else "-",

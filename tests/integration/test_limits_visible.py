@@ -155,3 +155,5 @@ def test_the_dashboard_shows_a_limits_current_rate_beside_it(rc, admin_client):
     assert row, html[-2000:]
     shown = re.search(r'data-field="admitted_now">([^<]*)<', row[1])
     assert shown and 4.5 <= float(shown[1]) <= 5.1, row[1]
+    terminal = {row["limit"]: row for row in metrics.limit_table_rows(metrics.snapshot())}  # manage.py lanes
+    assert 4.5 <= float(terminal[lim.name]["rate/s now"]) <= 5.1, terminal[lim.name]
