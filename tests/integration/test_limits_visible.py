@@ -83,7 +83,7 @@ def test_a_key_limit_is_shown_everywhere_with_bounded_labels(start_worker, rc, a
     call_command("lanes", stdout=out)
     table = out.getvalue().split("\nlimits (", 1)[1]
     line = next(x for x in table.splitlines() if x.startswith(lim.name))
-    assert re.search(rf"{lim.name}\s+key\s+\S+\s+-\s+{KEYS}\s+1\s+{KEYS * (PER_KEY - 1)}\s", line), line
+    assert re.search(rf"{lim.name}\s+key\s+\S+\s+\S+\s+-\s+{KEYS}\s+1\s+{KEYS * (PER_KEY - 1)}\s", line), line
 
     # The dashboard: the limit's row with five busiest keys, escaped.
     page = admin_client.get(reverse("dispatch-dashboard")).content.decode()
