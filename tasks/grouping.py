@@ -181,6 +181,9 @@ class Runner:
         self._seq = 0
         self.stuck = 0
         self.stopping = False
+        controller = getattr(consumer, "controller", None)
+        if controller is not None:  # read by the worker's heartbeat (lanes.worker.HeartbeatStep)
+            controller.dispatch_stuck_threads = lambda: self.stuck
         self._start("dispatch-claim", self._claim_forever)
         self._start("dispatch-finish", self._finish_forever)
         self._start("dispatch-watch", self._watch_forever)
