@@ -239,6 +239,11 @@ FLOWER_URL = os.environ.get("FLOWER_URL") or f"http://127.0.0.1:{FLOWER_PORT}/"
 #: Modules imported at startup by every process (web, workers, commands) so the
 #: lifecycle-signal receivers they connect run where the events happen.
 DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
+#: Your handler modules (like Celery's ``imports``), imported by every process at startup so
+#: web (the admin's handler list), workers and commands know the same handlers; what a
+#: running ``make run`` was given is the default of commands run beside it (dispatchsite.runtime).
+DISPATCH_HANDLER_MODULES = [m.strip() for m in setting("DISPATCH_HANDLER_MODULES", "", RUNTIME).split(",")
+                            if m.strip()]
 #: A worker started with DISPATCH_CATCH_ALL=1 also consumes every lane that no
 #: other live worker consumes, lanes created at run time included (lanes.worker).
 DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")

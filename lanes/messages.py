@@ -147,7 +147,7 @@ def build_message(task_id: str, handler: str, payload_json: str, envelope: Envel
 
     ``shadow`` carries the task type: the worker's log, its task events and so
     Flower name the task ``chat.send`` rather than its handler ``http.post``
-    (the result row's ``task_name`` stays the handler, Celery's ``task``).
+    and the result row's ``task_name`` (tasks.results) too.
     ``grace_s``: ``hard_limit_grace_s()``, when the caller has it (a bulk
     dispatch reads the settings once a chunk, not once an item).
 
