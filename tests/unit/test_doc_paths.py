@@ -27,6 +27,8 @@ TOP = ("api", "benchmarks", "dispatchsite", "docs", "lanes", "ops", "scripts", "
 PATH = re.compile(r"(?<![\w./~$-])(?:" + "|".join(TOP) + r")/[\w./*{},<>-]*")
 #: A script or module named alone (``finish.lua``): it must exist under one of the top folders.
 BARE = re.compile(r"(?<![\w./-])[\w-]+\.(?:lua|py)(?![\w.])")
+#: Files a doc asks the reader to write (the README's own handler module): not the repository's.
+READER_FILES = {"myhandlers.py"}
 #: A Markdown link's target.
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -60,7 +62,7 @@ def named_paths(text: str) -> set[str]:
 def missing_paths(doc: str) -> list[str]:
     text = (ROOT / doc).read_text(encoding="utf-8")
     missing = sorted(p for p in named_paths(text) if not exists(p))
-    for name in sorted(set(BARE.findall(text))):
+    for name in sorted(set(BARE.findall(text)) - READER_FILES):
         if not (ROOT / name).exists() and not any(glob.glob(f"{top}/**/{name}", root_dir=ROOT, recursive=True)
                                                   for top in TOP):
             missing.append(name)
