@@ -220,7 +220,8 @@ class Runner:
             return None
         request = CeleryContext(
             id=task_id, task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
-            hostname=self.hostname, periodic_task_name=None, meta={}, children=[], dispatch_settle=None,
+            shadow=headers.get("shadow"), hostname=self.hostname, periodic_task_name=None, meta={}, children=[],
+            dispatch_settle=None,
             timelimit=None, retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
         )
         attempt = Attempt(task, env, kwargs["payload"], task_id=task_id, request=request)
