@@ -46,7 +46,8 @@ def _docs_for_staff(view: Any) -> Any:
 api = NinjaAPI(
     title="Dispatch API",
     version="1",
-    description="Dispatch tasks to the platform from any language. Authorization: Bearer <service token>.",
+    description=("Dispatch tasks to the platform from any language. Every request carries the header "
+                 "`Authorization: Bearer <service token>` (a token from the admin or `manage.py api_token`)."),
     urls_namespace="api-v1",
     auth=ServiceTokenAuth(),
     docs_url="/docs" if settings.DISPATCH_API_DOCS else None,

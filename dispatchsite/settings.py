@@ -85,7 +85,7 @@ MIDDLEWARE = [
 
 # Content-Security-Policy on every response (django-csp 4 format): scripts and
 # styles only from our own static files, so a tag that slipped into a page
-# (issue 12's reflected XSS) cannot run. The admin and the dashboard keep no
+# (a reflected XSS) cannot run. The admin and the dashboard keep no
 # inline script or style; tests/browser fails on any reported violation.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
@@ -243,6 +243,11 @@ FLOWER_URL = os.environ.get("FLOWER_URL") or f"http://127.0.0.1:{FLOWER_PORT}/"
 #: Modules imported at startup by every process (web, workers, commands) so the
 #: lifecycle-signal receivers they connect run where the events happen.
 DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
+#: Your handler modules (like Celery's ``imports``), imported by every process at startup so
+#: web (the admin's handler list), workers and commands know the same handlers; what a
+#: running ``make run`` was given is the default of commands run beside it (dispatchsite.runtime).
+DISPATCH_HANDLER_MODULES = [m.strip() for m in setting("DISPATCH_HANDLER_MODULES", "", RUNTIME).split(",")
+                            if m.strip()]
 #: A worker started with DISPATCH_CATCH_ALL=1 also consumes every lane that no
 #: other live worker consumes, lanes created at run time included (lanes.worker).
 DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")
@@ -261,7 +266,7 @@ CELERY_BROKER_URL = _broker_url(REDIS_URL, REDIS_PASSWORD) if REDIS_SENTINEL els
 # django-celery-results' table, written with one upsert per task (tasks.results).
 CELERY_RESULT_BACKEND = "tasks.results.UpsertBackend"
 # Celery's Django fixup otherwise closes every DB connection around every task,
-# so each task paid a new connection (measured: BENCHMARKS.md, proposal 1).
+# so each task paid a new connection (measured: benchmarks/archive.md, proposal 1).
 CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
 CELERY_RESULT_EXTENDED = True
 CELERY_ACCEPT_CONTENT = ["json"]

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -78,7 +79,10 @@ def start_redis(port: int, password: str, var: Path = VAR) -> subprocess.Popen:
     write_private(conf, redis_conf(port, password, data_dir))
     log = os.open(data_dir / "redis.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=log, stderr=subprocess.STDOUT)
+        # Its own session: the terminal's Ctrl-C (SIGINT to the foreground group) must not stop Redis
+        # before the workers; run.py stops it last (main's finally).
+        proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     finally:
         os.close(log)
     import redis
@@ -132,6 +136,7 @@ def main() -> int:
         "WEB_PORT": web_port, "FLOWER_PORT": flower_port, "REDIS_PORT": redis_port if embedded else None,
         "REDIS_URL": os.environ.get("REDIS_URL"), "ADMIN_URL": f"http://127.0.0.1:{web_port}/admin/",
         "FLOWER_URL": f"http://127.0.0.1:{flower_port}/",
+        "DISPATCH_HANDLER_MODULES": os.environ.get("DISPATCH_HANDLER_MODULES"),
     })
     try:
         subprocess.run([PY, "manage.py", "bootstrap"], check=True)
@@ -139,6 +144,9 @@ def main() -> int:
     except subprocess.CalledProcessError as exc:
         print(f"error: {shlex.join(exc.cmd)} failed with exit code {exc.returncode}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the services started: nothing to stop but Redis
+        print("interrupted before the services started", file=sys.stderr)
+        return 0
     finally:
         remove_runtime(runtime_file)
         if redis_proc is not None:
@@ -150,7 +158,7 @@ def main() -> int:
 
 
 #: Worker groups ``make run`` starts, sized for I/O-bound outbound work on a small machine
-#: (BENCHMARKS.md, PERFORMANCE.md): one Celery main process costs about 1.6-2 ms of CPU
+#: (BENCHMARKS.md): one Celery main process costs about 1.6-2 ms of CPU
 #: per message whatever its pool, so throughput scales with worker *instances*; a thread
 #: pool keeps many 20 ms webhook calls in flight per instance. ``default`` also consumes
 #: Celery's default queue ``celery``, so a bare client's ``send_task("tasks.dispatch")``
@@ -208,8 +216,59 @@ def banner(secrets: dict, web_port: int, flower_port: int) -> str:
     )
 
 
+#: The order a stop (Ctrl-C, or one process exiting) takes, by process name prefix: what
+#: calls the workers and Redis first, then the workers (a warm shutdown, finishing what
+#: they run), then, in ``main``, Redis. Stopping all at once let Redis go first and
+#: filled the log with the workers' connection tracebacks.
+STOP_ORDER: tuple[tuple[str, ...], ...] = (("web", "beat", "flower"), ("worker-",))
+#: Seconds each stage may take before what is left of it is killed.
+STOP_STAGE_WAIT_S = 20.0
+
+
+def ordered_manager() -> Any:
+    """A honcho ``Manager`` that stops its processes stage by stage (:data:`STOP_ORDER`), each wait bounded."""
+    import threading
+
+    from honcho.manager import Manager
+
+    class OrderedManager(Manager):
+        _stopper: threading.Thread | None = None
+
+        def _killall(self, force: bool = False) -> None:
+            if not force:
+                if self._stopper is None:
+                    self._stopper = threading.Thread(target=self._stop_in_order, name="ordered-stop", daemon=True)
+                    self._stopper.start()
+                return
+            if self._stopper is not None and self._stopper.is_alive():
+                return  # honcho kills 5 s after the first exit; the staged stop has its own bound
+            super()._killall(force=True)
+
+        def _running(self, names: list[str]) -> list[str]:
+            return [n for n in names if "returncode" not in self._processes[n] and self._processes[n].get("pid")]
+
+        def _signal(self, names: list[str], force: bool) -> None:
+            for name in self._running(names):
+                pid = self._processes[name]["pid"]
+                self._system_print(f"sending {'SIGKILL' if force else 'SIGTERM'} to {name} (pid {pid})\n")
+                (self._procmgr.kill if force else self._procmgr.terminate)(pid)
+
+        def _stop_in_order(self) -> None:
+            names = list(self._processes)
+            stages = [[n for n in names if n.startswith(prefixes)] for prefixes in STOP_ORDER]
+            stages.append([n for n in names if not any(n in stage for stage in stages)])
+            for stage in stages:
+                self._signal(stage, force=False)
+                deadline = time.monotonic() + STOP_STAGE_WAIT_S
+                while self._running(stage) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                self._signal(stage, force=True)
+
+    return OrderedManager()
+
+
 def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
-    from honcho.manager import SIGNALS, Manager
+    from honcho.manager import SIGNALS
 
     bindir = Path(PY).parent
     celery = str(bindir / "celery")
@@ -219,7 +278,7 @@ def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
     loglevel = os.environ.get("WORKER_LOGLEVEL", "WARNING")
     events = os.environ.get("WORKER_EVENTS", "1") not in {"0", "false", "no", "off"}
     os.environ["CELERY_WORKER_SEND_TASK_EVENTS"] = "1" if events else "0"  # the setting, not only -E
-    manager = Manager()
+    manager = ordered_manager()
     manager.add_process("web", f"{bindir / 'gunicorn'} dispatchsite.wsgi -b 127.0.0.1:{web_port} "
                                f"-w 2 --threads 4 --access-logfile -")
     for name, group in worker_groups().items():

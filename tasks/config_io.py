@@ -163,6 +163,22 @@ def export_config() -> dict[str, list[dict]]:
 NON_PRODUCTION_HANDLERS = frozenset({"loadtest.sink", "loadtest.sink_batch"})
 
 
+#: The web site's address in the default configuration (the demo receiver ``chat.send`` posts to).
+DEFAULT_WEB_ORIGIN = "http://127.0.0.1:8000/"
+
+
+def with_web_port(data: dict, web_port: int) -> dict:
+    """``data`` with the default config's URLs on this site pointing at ``web_port`` (``WEB_PORT``)."""
+    origin = f"http://127.0.0.1:{web_port}/"
+    types = []
+    for entry in data.get("task_types", []):
+        url = (entry.get("options") or {}).get("url")
+        if isinstance(url, str) and url.startswith(DEFAULT_WEB_ORIGIN):
+            entry = {**entry, "options": {**entry["options"], "url": origin + url[len(DEFAULT_WEB_ORIGIN):]}}
+        types.append(entry)
+    return {**data, "task_types": types}
+
+
 def default_config_for(data: dict, profile: str, handlers: Collection[str] | None = None) -> dict:
     """The default config ``data`` as ``manage.py bootstrap`` applies it under ``profile``.
 

@@ -158,7 +158,7 @@ class Limit(models.Model):
                 "fair_share": self.fair_share, "weights": dict(self.weights or {}), "window": window}
 
 
-#: Most tasks one call of a batched handler takes (issue 16).
+#: Most tasks one call of a batched handler takes.
 MAX_BATCH_SIZE = 1000
 #: Longest a worker waits to fill a batch, in milliseconds.
 MAX_BATCH_WINDOW_MS = 1000

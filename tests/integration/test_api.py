@@ -101,7 +101,7 @@ def test_dispatch_accepted_is_202_and_runs(lane_worker, echo_type, api):
                          "estimated_delay"}
     state = wait_until(lambda: (s := _body(api.get(f"/tasks/{body['task_id']}")))["state"] == "SUCCESS" and s,
                        timeout=30, what="the task's SUCCESS")
-    assert state["result"] == {"hello": 1} and state["task_name"] == "demo.echo" and state["dead_letter"] is None
+    assert state["result"] == {"hello": 1} and state["task_name"] == echo_type and state["dead_letter"] is None
 
 
 def test_duplicate_idempotency_key_is_accepted_with_the_first_id_and_conflict_is_409(echo_type, api):

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand
 
 from lanes.models import Lane
 from tasks import registry
-from tasks.config_io import apply_config, default_config_for
+from tasks.config_io import apply_config, default_config_for, with_web_port
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "defaults" / "default_config.json"
 
@@ -29,6 +29,7 @@ class Command(BaseCommand):
             self.stdout.write("created admin user 'admin'")
         if not Lane.objects.exists():
             profile = os.environ.get("DISPATCH_PROFILE", "")
-            apply_config(default_config_for(json.loads(DEFAULT_CONFIG.read_text()), profile, registry.handler_names()))
+            data = with_web_port(json.loads(DEFAULT_CONFIG.read_text()), settings.WEB_PORT)
+            apply_config(default_config_for(data, profile, registry.handler_names()))
             self.stdout.write(f"applied the default config from {DEFAULT_CONFIG.name}")
         call_command("collectstatic", interactive=False, verbosity=0)
