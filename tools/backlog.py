@@ -213,10 +213,10 @@ def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, i
             time.sleep(1)
         drained_s = time.monotonic() - t0
         waiting = int(r.get(keys.lane_waiting(BACKLOG_LANE)) or 0)
-        report["drain"] = {"seconds": round(drained_s, 1),
-                           "rate": round(accepted / drained_s, 1) if drained_s else None,
-                           "ran": r.bitcount(mark_key(run)), "ran_twice": int(r.get(twice_key(run)) or 0),
-                           "accepted": accepted, "waiting_after": waiting}
+        ran = r.bitcount(mark_key(run))
+        report["drain"] = {"seconds": round(drained_s, 1), "rate": round(ran / drained_s, 1) if drained_s else None,
+                           "ran": ran, "ran_twice": int(r.get(twice_key(run)) or 0), "accepted": accepted,
+                           "complete": ran == accepted, "waiting_after": waiting}
         report["ok"] = (report["drain"]["ran"] == accepted and report["drain"]["ran_twice"] == 0)
         report["script_calls"] = {k: v for k, v in r.info("commandstats").items() if k in ("cmdstat_evalsha",
                                                                                             "cmdstat_rpop")}

@@ -50,5 +50,9 @@ class Command(BaseCommand):
                                      concurrency=opts["concurrency"], drain_timeout_s=opts["drain_timeout"],
                                      out=opts["out"], progress=lambda line: self.stderr.write(line))
         self.stdout.write(dumps(report))
-        if not report.get("ok"):
-            raise CommandError("not every accepted task ran exactly once (see drain)")
+        drain = report.get("drain", {})
+        if drain.get("ran_twice"):
+            raise CommandError(f"{drain['ran_twice']} tasks ran twice (see drain)")
+        if not drain.get("complete"):
+            raise CommandError(f"the drain stopped at --drain-timeout: {drain.get('ran')} of {drain.get('accepted')} "
+                               "ran, none twice (see drain)")
