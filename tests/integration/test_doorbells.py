@@ -38,7 +38,9 @@ class Monitor:
         # command (a worker still booting on a loaded host) would end, seeing nothing from then on.
         import redis
 
-        self.rc = redis.Redis(**{**rc.connection_pool.connection_kwargs, "socket_timeout": None})
+        pool = redis.ConnectionPool(connection_class=rc.connection_pool.connection_class,
+                                    **{**rc.connection_pool.connection_kwargs, "socket_timeout": None})
+        self.rc = redis.Redis(connection_pool=pool)
         self.seen: list[dict] = []
         self.marker = f"monitor-stop-{uuid.uuid4().hex}"
         self.thread = threading.Thread(target=self._watch, daemon=True)
