@@ -73,6 +73,7 @@ if DISPATCH_TOOLS:
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "api.middleware.JsonErrorsMiddleware",  # every /api/ answer JSON, Django's own refusals included
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -139,9 +139,10 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "handler", "lane", "priority", "enabled", "options")}),
         ("Limits", {"fields": ("limit_names",)}),
-        ("Time and retries", {"fields": ("timeout", "attempt_timeout", "retry_policy")}),
+        ("Time and retries", {"fields": ("timeout", "attempt_timeout", "max_delay", "retry_policy")}),
         ("Ordering and bounds", {"fields": ("chat_scoped", "chat_queue_size", "max_payload_bytes",
                                             "idempotency_window")}),
+        ("Callers", {"fields": ("shared",)}),
         ("Batching (batched handlers only)", {"fields": ("batch_size", "batch_window_ms")}),
     )
 

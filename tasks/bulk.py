@@ -78,7 +78,7 @@ def chunk_sizes(total: int) -> list[int]:
 
 
 def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None = None,
-                  metadata: dict | None = None) -> list[DispatchResult]:
+                  metadata: dict | None = None, id_prefix: str = "") -> list[DispatchResult]:
     """Dispatch each of ``items`` as a task of ``task_type``; one ``DispatchResult`` per item, in order.
 
     An item is a payload (a JSON object), or a pair ``(payload, options)``
@@ -88,10 +88,12 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
     own options win. Never raises for bad input: a bad item is a rejection with
     its reason, and the other items are admitted regardless.
 
+    ``id_prefix`` starts every new task id (the HTTP API marks its caller's tasks so: ``api.tenancy``).
+
     Python's cyclic garbage collector is paused for the call (``collector_paused``).
     """
     with collector_paused():
-        return _dispatch_many(task_type, items, timeout=timeout, metadata=metadata)
+        return _dispatch_many(task_type, items, timeout=timeout, metadata=metadata, id_prefix=id_prefix)
 
 
 @contextlib.contextmanager
@@ -115,7 +117,7 @@ def collector_paused() -> Iterator[None]:
 
 
 def _dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None,
-                   metadata: dict | None) -> list[DispatchResult]:
+                   metadata: dict | None, id_prefix: str = "") -> list[DispatchResult]:
     entries = list(items)
     results: list[DispatchResult | None] = [None] * len(entries)
     try:
@@ -124,7 +126,10 @@ def _dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | Non
         return [unavailable(exc, None) for _ in entries]
     defaults = {"timeout": timeout, "metadata": metadata}
     queue: deque[tuple[int, Any, dict[str, Any], str]] = deque()
-    for (index, item), task_id in zip(enumerate(entries), new_task_ids(len(entries)), strict=True):
+    task_ids = new_task_ids(len(entries))
+    if id_prefix:
+        task_ids = [id_prefix + task_id for task_id in task_ids]
+    for (index, item), task_id in zip(enumerate(entries), task_ids, strict=True):
         try:
             payload, options = split_item(item, defaults)
         except Invalid as exc:
