@@ -17,6 +17,7 @@ from ninja.security import HttpBearer
 from api import ratelimit, tenancy, tokens
 from api.errors import ApiError
 from api.models import ServiceToken
+from tasks import owners
 
 #: Seconds between two writes of a token's ``last_used_at`` (not one write per request).
 LAST_USED_RESOLUTION_S = 60
@@ -42,7 +43,7 @@ class Caller:
         """Its own tasks; with ``reads_broker_tasks``, also those sent by name or by Python code."""
         if tenancy.owns(self.token_id, task_id):
             return True
-        return self.reads_broker_tasks and tenancy.owner_of(task_id) == "python"
+        return self.reads_broker_tasks and owners.owner_of(task_id) == "python"
 
 
 def _unauthorized(detail: str, reason: str = "unauthorized") -> ApiError:

@@ -1,10 +1,8 @@
 """Every API caller in its own room: who owns a task, and the caller's names kept apart (pure).
 
-A task made through the API carries its token in its id (``tk<token id>-<uuid>``):
-the API mints every id, so a caller cannot choose one in another's room, and
-reading or cancelling a task needs no lookup of who made it. Ids without that
-mark were made by Python code (``dispatch.delay``, the by-name ``tasks.dispatch``)
-or by ``manage.py dispatch`` (``cli-<uuid>``): no token owns those.
+A task made through the API carries its token in its id (``tk<token id>-<uuid>``,
+``tasks.owners``): the API mints every id, so a caller cannot choose one in
+another's room, and reading or cancelling a task needs no lookup of who made it.
 
 A caller's chat ids, idempotency keys and limit keys are prefixed with its
 namespace (``tk<token id>:``) before admission, so two tokens' ``"c1"`` are two
@@ -19,6 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.owners import owns, task_id_prefix  # noqa: F401  (the API's names for them)
 from tasks.schedule import due_at
 from tasks.validation import (
     MAX_CHAT_ID_LEN,
@@ -28,9 +27,6 @@ from tasks.validation import (
     is_clean_text,
 )
 
-#: The id a ``manage.py dispatch`` task gets starts so.
-CLI_PREFIX = "cli-"
-_OWNER_RE = re.compile(r"^tk(\d+)-")
 _CONFLICT_RE = re.compile(r"used by task (\S+) with")
 
 #: The options namespaced per caller, the longest each may be after its prefix, and their rejection reason.
@@ -41,24 +37,8 @@ NAMESPACED: dict[str, tuple[int, str]] = {
 }
 
 
-def task_id_prefix(token_id: int) -> str:
-    return f"tk{token_id}-"
-
-
 def namespace(token_id: int) -> str:
     return f"tk{token_id}:"
-
-
-def owner_of(task_id: str) -> str:
-    """``token:<id>``, ``cli`` or ``python``: who made the task of this id."""
-    found = _OWNER_RE.match(task_id)
-    if found:
-        return f"token:{found.group(1)}"
-    return "cli" if task_id.startswith(CLI_PREFIX) else "python"
-
-
-def owns(token_id: int, task_id: str) -> bool:
-    return task_id.startswith(task_id_prefix(token_id))
 
 
 @dataclass(frozen=True)

@@ -240,3 +240,26 @@ def test_every_admin_action_declares_its_permissions():
         if not getattr(func, "allowed_permissions", None):
             missing.append(f"site.{name}")
     assert missing == [], f"admin actions without @admin.action(permissions=[...]): {missing}"
+
+
+def test_a_requeued_dead_letter_stays_its_callers_and_the_cli_marks_its_own(plain_type):
+    import io
+
+    from django.core.management import call_command
+
+    from api.models import ServiceToken
+    from tasks import dead_letters, owners
+    from tasks.models import DeadLetter
+
+    a, b = _two(plain_type)
+    token_id = ServiceToken.objects.get(prefix=a.token[4:16]).pk
+    dead_id = owners.task_id_prefix(token_id) + unique("dead")
+    row = DeadLetter.objects.create(task_id=dead_id, task_type=plain_type, lane="t-tenants", payload={"n": 1},
+                                    reason="expired", attempts=1)
+    new_id = dead_letters.requeue(row, actor="test")
+    assert owners.owns(token_id, new_id)
+    assert a.get(f"/tasks/{new_id}").status_code == 200 and b.get(f"/tasks/{new_id}").status_code == 404
+
+    out = io.StringIO()
+    call_command("dispatch", plain_type, "--payload", "{}", stdout=out)
+    assert owners.owner_of(json.loads(out.getvalue())["task_id"]) == "cli"

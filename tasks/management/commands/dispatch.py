@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks import bulk
+from tasks import bulk, owners
 from tasks.bulk_file import dispatch_lines
 from tasks.dispatch import admit
 from tasks.output import HelpFormatter, dumps
@@ -70,6 +71,7 @@ class Command(BaseCommand):
             opts["task_type"], payload, chat_id=opts["chat_id"], priority=opts["priority"],
             idempotency_key=opts["idempotency_key"], timeout=opts["timeout"], metadata=metadata,
             countdown=opts["countdown"], eta=opts["eta"], retry_policy=opts["retry_policy"],
+            _task_id=owners.CLI_PREFIX + str(uuid.uuid4()),  # the task remembers it came from the CLI
         )
         out = result.as_dict()
         code = EXIT_OK
