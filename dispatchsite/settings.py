@@ -295,6 +295,7 @@ CELERY_BROKER_TRANSPORT = "lanes.transport:SentinelTransport" if REDIS_SENTINEL 
 # two seconds flooded Flower's task list and the log.
 CELERY_BEAT_SCHEDULE = {
     "purge-dead-letters": {"task": "tasks.purge_dead_letters", "schedule": 3600.0},
+    "purge-api-audit": {"task": "api.purge_audit", "schedule": 3600.0},
 }
 
 LOGGING = {
@@ -311,5 +312,7 @@ LOGGING = {
 DISPATCH_API_RATE_PER_S = int(os.environ.get("DISPATCH_API_RATE_PER_S", "100"))
 #: Largest request body the API reads, in bytes (a bigger one is refused with 413).
 DISPATCH_API_MAX_BODY_BYTES = int(os.environ.get("DISPATCH_API_MAX_BODY_BYTES", str(2 * 1024 * 1024)))
+#: Days an API dispatch audit row is kept (purged hourly by beat, ``api.purge_audit``).
+DISPATCH_API_AUDIT_RETENTION_DAYS = int(os.environ.get("DISPATCH_API_AUDIT_RETENTION_DAYS", "90"))
 #: Serve the interactive API docs at /api/v1/docs (staff only).
 DISPATCH_API_DOCS = env_bool("DISPATCH_API_DOCS", True)

@@ -263,3 +263,28 @@ def test_a_requeued_dead_letter_stays_its_callers_and_the_cli_marks_its_own(plai
     out = io.StringIO()
     call_command("dispatch", plain_type, "--payload", "{}", stdout=out)
     assert owners.owner_of(json.loads(out.getvalue())["task_id"]) == "cli"
+
+
+# --- hardening -------------------------------------------------------------------------------------------
+
+def test_audit_rows_are_kept_the_configured_days_and_beat_purges_them(plain_type):
+    from datetime import timedelta
+
+    from celery import current_app
+    from django.conf import settings
+    from django.test import override_settings
+    from django.utils import timezone
+
+    from api.maintenance import purge_audit
+    from api.models import DispatchAudit
+
+    a, _ = _two(plain_type)
+    for _ in range(3):
+        _send(a, plain_type)
+    rows = list(DispatchAudit.objects.filter(task_type=plain_type).order_by("pk"))
+    DispatchAudit.objects.filter(pk__in=[rows[0].pk, rows[1].pk]).update(created_at=timezone.now() - timedelta(days=8))
+    with override_settings(DISPATCH_API_AUDIT_RETENTION_DAYS=7):
+        assert purge_audit(batch_size=1) >= 2
+    assert list(DispatchAudit.objects.filter(task_type=plain_type)) == [rows[2]]
+    entry = next(e for e in settings.CELERY_BEAT_SCHEDULE.values() if e["task"] == "api.purge_audit")
+    assert entry["task"] in current_app.tasks

@@ -169,8 +169,8 @@ def test_readme_block_does_what_it_says(platform, blocks, name):
 def test_bare_celery_snippet_is_admitted_and_followed_through_the_api(platform, blocks, tmp_path):
     """Run from outside the project (only Celery imported), then follow the message's id as the README says."""
     message_id = _check(platform, blocks["send-task"], cwd=tmp_path).strip().splitlines()[-1]
-    token = platform.run(".venv/bin/python manage.py api_token create readme-follow --type demo.echo",
-                         "sh").stdout.strip()
+    token = platform.run(".venv/bin/python manage.py api_token create readme-follow --type demo.echo "
+                         "--reads-broker-tasks", "sh").stdout.strip()
 
     def state(task_id: str) -> dict:
         request = urllib.request.Request(f"http://127.0.0.1:{platform.web}/api/v1/tasks/{task_id}",
