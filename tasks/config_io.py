@@ -168,10 +168,13 @@ def default_config_for(data: dict, profile: str, handlers: Collection[str] | Non
     """The default config ``data`` as ``manage.py bootstrap`` applies it under ``profile``.
 
     ``handlers``: the registered handler names, if known; a non-production
-    handler missing from them (the tools app left out) gets no task type.
+    handler missing from them (the tools app left out) gets no task type. The
+    production profile has no ``demo.*`` types either.
     """
     def keep(entry: dict) -> bool:
         name = entry.get("handler")
+        if profile == "production" and (str(name).startswith("demo.") or str(entry.get("name")).startswith("demo.")):
+            return False  # demo.echo sleeps up to an hour on request: a demo, not a production type
         if name not in NON_PRODUCTION_HANDLERS:
             return True
         return profile != "production" and (handlers is None or name in handlers)

@@ -155,8 +155,7 @@ def _check(platform: Platform, block: Block, cwd: Path | None = None) -> str:
 def test_make_run_prints_the_readmes_banner(platform, blocks):
     secrets = json.loads((platform.root / ".dispatch-secrets.json").read_text())
     printed = platform.log.read_text(errors="replace")
-    for name in ("admin_password", "flower_password", "metrics_token"):
-        printed = printed.replace(secrets[name], "<generated>")
+    assert not [name for name, value in secrets.items() if value in printed], "make run printed a credential"
     expected = platform.substitute(blocks["banner"].command)
     assert expected in printed, f"--- README:\n{expected}\n--- make run printed:\n{printed[-2000:]}"
 
