@@ -288,3 +288,16 @@ def test_audit_rows_are_kept_the_configured_days_and_beat_purges_them(plain_type
     assert list(DispatchAudit.objects.filter(task_type=plain_type)) == [rows[2]]
     entry = next(e for e in settings.CELERY_BEAT_SCHEDULE.values() if e["task"] == "api.purge_audit")
     assert entry["task"] in current_app.tasks
+
+
+def test_shared_and_max_delay_travel_through_config_as_code():
+    from tasks.config_io import apply_config, export_config
+    from tasks.models import TaskType
+
+    name = unique("ten-cfg")
+    define(name, handler="demo.echo", lane="t-tenants")
+    exported = next(t for t in export_config()["task_types"] if t["name"] == name)
+    assert (exported["shared"], exported["max_delay"]) == (False, None)
+    apply_config({"task_types": [{**exported, "shared": True, "max_delay": 12.5}]})
+    row = TaskType.objects.get(name=name)
+    assert (row.shared, row.max_delay) == (True, 12.5)
