@@ -134,7 +134,7 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     # last column was out of sight at 1,400 px with the sidebars (issue 13).
     list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout",
                     "batch_size")
-    list_filter = ("lane", "handler", "chat_scoped", "enabled")
+    list_filter = ("lane", "handler", "chat_scoped", "shared", "enabled")
     search_fields = ("name",)
     fieldsets = (
         (None, {"fields": ("name", "handler", "lane", "priority", "enabled", "options")}),
