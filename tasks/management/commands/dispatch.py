@@ -122,7 +122,7 @@ class Command(BaseCommand):
                     "metadata": metadata}
         try:
             summary = dispatch_lines(opts["task_type"], source, defaults=defaults, on_result=write_result,
-                                     on_chunk=progress)
+                                     on_chunk=progress, id_prefix=owners.CLI_PREFIX)
         except UnicodeDecodeError as exc:
             raise CommandError(f"--payloads-file {name} is not UTF-8 text: {exc}", returncode=EXIT_USAGE) from None
         finally:
