@@ -78,7 +78,7 @@ def chunk_sizes(total: int) -> list[int]:
 
 
 def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None = None,
-                  metadata: dict | None = None) -> list[DispatchResult]:
+                  metadata: dict | None = None, id_prefix: str = "") -> list[DispatchResult]:
     """Dispatch each of ``items`` as a task of ``task_type``; one ``DispatchResult`` per item, in order.
 
     An item is a payload (a JSON object), or a pair ``(payload, options)``
@@ -87,6 +87,8 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
     ...). ``timeout`` and ``metadata`` here are every item's default; an item's
     own options win. Never raises for bad input: a bad item is a rejection with
     its reason, and the other items are admitted regardless.
+
+    ``id_prefix`` starts every new task id (the HTTP API marks its caller's tasks so: ``api.tenancy``).
     """
     entries = list(items)
     results: list[DispatchResult | None] = [None] * len(entries)
@@ -96,7 +98,10 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
         return [unavailable(exc, None) for _ in entries]
     defaults = {"timeout": timeout, "metadata": metadata}
     queue: deque[tuple[int, Any, dict[str, Any], str]] = deque()
-    for (index, item), task_id in zip(enumerate(entries), new_task_ids(len(entries)), strict=True):
+    task_ids = new_task_ids(len(entries))
+    if id_prefix:
+        task_ids = [id_prefix + task_id for task_id in task_ids]
+    for (index, item), task_id in zip(enumerate(entries), task_ids, strict=True):
         try:
             payload, options = split_item(item, defaults)
         except Invalid as exc:
