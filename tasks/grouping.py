@@ -494,6 +494,15 @@ class Runner:
         """Result rows in one statement; then their finished records may be settled."""
         if not rows:
             return
+        kept = []
+        for item, value, state in rows:
+            if results.keeps_row(item.name, state):
+                kept.append((item, value, state))
+            elif (settle := item.attempt.request.dispatch_settle) and settle[1] == state:
+                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
+        rows = kept
+        if not rows:
+            return
         backend = rows[0][0].attempt.task.backend
         try:
             encoded = []
