@@ -73,6 +73,7 @@ if DISPATCH_TOOLS:
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "api.middleware.JsonErrorsMiddleware",  # every /api/ answer JSON, Django's own refusals included
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -188,8 +189,11 @@ def _broker_url(url: str, password: str) -> str:
 
 
 REDIS_PORT = int(setting("REDIS_PORT", "6380", RUNTIME))
+#: The embedded Redis (``make run``): the platform's own ACL user, which has no admin or dangerous
+#: commands (scripts/run.py's ``redis_conf``).
+REDIS_USER = "dispatch"
 REDIS_URL = setting("REDIS_URL", "", RUNTIME) or (
-    f"redis://:{quote(GENERATED['redis_password'], safe='')}@127.0.0.1:{REDIS_PORT}/0"
+    f"redis://{REDIS_USER}:{quote(GENERATED['redis_password'], safe='')}@127.0.0.1:{REDIS_PORT}/0"
 )
 
 #: With ``REDIS_URL=sentinel://host:port;sentinel://host:port/0`` (Redis Sentinel), the
@@ -236,8 +240,11 @@ DISPATCH_IDEMPOTENCY_WINDOW_S = int(os.environ.get("DISPATCH_IDEMPOTENCY_WINDOW_
 #: Days resolved dead letters are kept before the purge removes them.
 DISPATCH_DEADLETTER_RETENTION_DAYS = int(os.environ.get("DISPATCH_DEADLETTER_RETENTION_DAYS", "30"))
 #: Where ``http.post`` may connect: ``host`` (default port only), ``host:port`` or ``host:*``
-#: (tasks/webhook_url.py). Loopback on any port by default, for the local demo.
-DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1:*,localhost:*")
+#: (tasks/webhook_url.py). Loopback on any port by default, for the local demo; nothing under
+#: the production profile (loopback holds Redis, Flower and the admin): name each host and port.
+DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list(
+    "DISPATCH_WEBHOOK_ALLOWED_HOSTS",
+    "" if os.environ.get("DISPATCH_PROFILE") == "production" else "127.0.0.1:*,localhost:*")
 DISPATCH_METRICS_TOKEN = os.environ.get("DISPATCH_METRICS_TOKEN") or GENERATED["metrics_token"]
 FLOWER_URL = os.environ.get("FLOWER_URL") or f"http://127.0.0.1:{FLOWER_PORT}/"
 #: Modules imported at startup by every process (web, workers, commands) so the
@@ -313,6 +320,7 @@ CELERY_BROKER_TRANSPORT = "lanes.transport:SentinelTransport" if REDIS_SENTINEL 
 # two seconds flooded Flower's task list and the log.
 CELERY_BEAT_SCHEDULE = {
     "purge-dead-letters": {"task": "tasks.purge_dead_letters", "schedule": 3600.0},
+    "purge-api-audit": {"task": "api.purge_audit", "schedule": 3600.0},
 }
 
 LOGGING = {
@@ -329,5 +337,7 @@ LOGGING = {
 DISPATCH_API_RATE_PER_S = int(os.environ.get("DISPATCH_API_RATE_PER_S", "100"))
 #: Largest request body the API reads, in bytes (a bigger one is refused with 413).
 DISPATCH_API_MAX_BODY_BYTES = int(os.environ.get("DISPATCH_API_MAX_BODY_BYTES", str(2 * 1024 * 1024)))
+#: Days an API dispatch audit row is kept (purged hourly by beat, ``api.purge_audit``).
+DISPATCH_API_AUDIT_RETENTION_DAYS = int(os.environ.get("DISPATCH_API_AUDIT_RETENTION_DAYS", "90"))
 #: Serve the interactive API docs at /api/v1/docs (staff only).
 DISPATCH_API_DOCS = env_bool("DISPATCH_API_DOCS", True)

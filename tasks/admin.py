@@ -134,14 +134,16 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     # last column was out of sight at 1,400 px with the sidebars.
     list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout",
                     "batch_size")
-    list_filter = ("lane", "handler", "chat_scoped", "enabled")
+    list_filter = ("lane", "handler", "chat_scoped", "shared", "enabled")
     search_fields = ("name",)
     fieldsets = (
         (None, {"fields": ("name", "handler", "lane", "priority", "enabled", "options")}),
         ("Limits", {"fields": ("limit_names",)}),
-        ("Time and retries", {"fields": ("timeout", "attempt_timeout", "retry_policy")}),
+        ("Time and retries", {"fields": ("timeout", "attempt_timeout", "max_delay", "retry_policy")}),
         ("Ordering and bounds", {"fields": ("chat_scoped", "chat_queue_size", "max_payload_bytes",
                                             "idempotency_window")}),
+        ("Callers", {"fields": ("shared",)}),
+        ("Results", {"fields": ("store_result",)}),
         ("Batching (batched handlers only)", {"fields": ("batch_size", "batch_window_ms")}),
     )
 

@@ -37,7 +37,7 @@ def _send_bare(broker: str, task_type: str, payload: dict, tmp_path: Path, queue
 def test_bare_celery_client_reaches_admission(redis_server, lane_worker, start_worker, tmp_path, queue):
     name = unique("bare")
     define(name, handler="demo.echo")
-    api = ApiClient(make_token(unique("svc"), [name]))
+    api = ApiClient(make_token(unique("svc"), [name], reads_broker_tasks=True))
     start_worker("ingress,celery", concurrency=1)
 
     message_id = _send_bare(redis_server.url, name, {"from": "bare", "q": queue or "celery"}, tmp_path, queue)

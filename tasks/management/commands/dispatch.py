@@ -2,13 +2,14 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from django.core.management.base import BaseCommand, CommandError
 
 from lanes import records
 from lanes.redis_client import get_redis
-from tasks import bulk
+from tasks import bulk, owners
 from tasks.bulk_file import dispatch_lines
 from tasks.dispatch import admit
 from tasks.output import HelpFormatter, dumps
@@ -75,6 +76,7 @@ class Command(BaseCommand):
             idempotency_key=opts["idempotency_key"], timeout=opts["timeout"], metadata=metadata,
             limit_key=opts["limit_key"], countdown=opts["countdown"], eta=opts["eta"],
             retry_policy=opts["retry_policy"],
+            _task_id=owners.CLI_PREFIX + str(uuid.uuid4()),  # the task remembers it came from the CLI
         )
         out = result.as_dict()
         code = EXIT_OK
@@ -127,7 +129,7 @@ class Command(BaseCommand):
                     "metadata": metadata, "limit_key": opts["limit_key"]}
         try:
             summary = dispatch_lines(opts["task_type"], source, defaults=defaults, on_result=write_result,
-                                     on_chunk=progress)
+                                     on_chunk=progress, id_prefix=owners.CLI_PREFIX)
         except UnicodeDecodeError as exc:
             raise CommandError(f"--payloads-file {name} is not UTF-8 text: {exc}", returncode=EXIT_USAGE) from None
         finally:
