@@ -43,8 +43,10 @@ def redis_conf(port: int, password: str, data_dir: Path, admin_password: str) ->
     """The embedded Redis's config: ``password`` for the platform's ACL user, ``admin_password`` for ``default``.
 
     ``maxmemory`` (``REDIS_MAXMEMORY``, 1gb) with ``noeviction``: a flood ends in
-    admission answering ``unavailable`` ("Redis is out of memory"), never in the
-    host's memory running out, and no key (a task's record) is ever evicted.
+    admission answering ``redis_memory_high`` past ``DISPATCH_MEMORY_HIGH`` of it
+    (lanes/memory_guard.py; ``unavailable``, "Redis is out of memory", at the limit
+    itself), never in the host's memory running out, and no key (a task's record)
+    is ever evicted.
     """
     from lanes.capacity import REDIS_CONFIG  # inner import: the project's path is set by main()
 

@@ -277,7 +277,8 @@ class Bench:
 
             port, password = _free_port(), secrets.token_urlsafe(12)
             (self.tmp / "redis").mkdir()
-            self.redis = _Proc([REDIS_SERVER_PATH, "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
+            server = os.environ.get("DISPATCH_REDIS_SERVER") or REDIS_SERVER_PATH  # as dispatchsite.redis_server
+            self.redis = _Proc([server, "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
                                 password, "--dir", str(self.tmp / "redis"), "--appendonly", "no", "--save", "",
                                 "--daemonize", "no", "--loglevel", "warning", *_redis_config_args()], dict(os.environ),
                                self.tmp / "redis.log")

@@ -298,7 +298,9 @@ class ScratchRedis:
         self.tmp = Path(tempfile.mkdtemp(prefix="dispatch-memory-"))
         port, password = _free_port(), secrets.token_urlsafe(12)
         self.url = f"redis://:{password}@127.0.0.1:{port}/0"
-        self.proc = _Proc([REDIS_SERVER_PATH, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", password,
+        # DISPATCH_REDIS_SERVER: another server binary, as dispatchsite.redis_server reads it (e.g. make run's Valkey).
+        server = os.environ.get("DISPATCH_REDIS_SERVER") or REDIS_SERVER_PATH
+        self.proc = _Proc([server, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", password,
                            "--dir", str(self.tmp), "--appendonly", "no", "--save", "", "--daemonize", "no",
                            "--loglevel", "warning", *([] if stock else _redis_config_args())], dict(os.environ),
                           self.tmp / "redis.log")
