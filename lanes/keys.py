@@ -142,6 +142,8 @@ PAUSED_LANES = PREFIX + "lanes:paused"
 DRAINING_LANES = PREFIX + "lanes:draining"
 #: Short lock so that one process at a time records a depth/throughput sample.
 SAMPLE_LOCK = PREFIX + "m:sample-lock"
+#: Sorted set of (time, each limit's all-time admitted count) samples: the current rate of a limit.
+LIMIT_SAMPLES = PREFIX + "m:limit-samples"
 
 
 def paused_workers(lane: str) -> str:
@@ -185,7 +187,7 @@ def lane_consumers(lane: str) -> str:
     return f"{PREFIX}lanes:consumers:{lane}"
 
 
-# --- limits (flow control, issue 15; lanes/lua/_lib.lua's gate) -----------------
+# --- limits (flow control; lanes/lua/_lib.lua's gate) ----------------------------
 #
 # Layout (read by the visible side too: dashboard, ``manage.py lanes``, metrics):
 # - ``LIMIT_DEFS`` hash: limit name -> JSON {"scope", "rate", "burst",

@@ -215,6 +215,16 @@ def _check_policy(name: Any, snap: config.Snapshot) -> None:
         raise Invalid("unknown_retry_policy", f"no retry policy named {shown(name, 80)} (known: {known})")
 
 
+def out_of_memory(exc: redis.RedisError) -> bool:
+    """Whether Redis refused for its ``maxmemory`` (``noeviction``): a script refused so had written nothing.
+
+    Redis checks it at a script's first write (6.2) or before the script runs (7), never
+    between two writes of one script; from inside a script the error is a ResponseError
+    whose text carries the ``-OOM`` reply.
+    """
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in str(exc)
+
+
 def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     """``unavailable``, saying whether the admission script may have run.
 
@@ -224,6 +234,10 @@ def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     stored. Either way a caller retries with the same idempotency key, which
     returns the stored task if there is one and never makes a second.
     """
+    if out_of_memory(exc):
+        return DispatchResult(accepted=False, reason="unavailable",
+                              detail="Redis is out of memory (its maxmemory is reached): nothing was written; "
+                                     "retry later")
     never_sent = task_id is None or isinstance(exc, (redis.AuthenticationError, redis.BusyLoadingError)) or (
         isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) and "connecting to" in str(exc))
     if never_sent:

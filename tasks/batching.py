@@ -122,7 +122,8 @@ def _item_of(task: Task, raw: bytes, owner: str) -> Attempt | None:
         logger.error("batch_item_malformed error=%r", exc)
         return None  # its claim's lease runs out; the single path then dead-letters it as malformed
     request = CeleryContext(
-        task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
+        task=task.name, shadow=headers.get("shadow"), argsrepr=headers.get("argsrepr"),
+        kwargsrepr=headers.get("kwargsrepr"),
         hostname=getattr(task.request, "hostname", None), periodic_task_name=None, meta={}, children=[],
         dispatch_settle=None,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
@@ -25,6 +26,7 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
+from lanes.forksafe import ForkSafeLock
 from lanes.lua import admit
 from lanes.lua.loader import NotSent
 from tasks import config
@@ -76,7 +78,7 @@ def chunk_sizes(total: int) -> list[int]:
 
 
 def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None = None,
-                  metadata: dict | None = None) -> list[DispatchResult]:
+                  metadata: dict | None = None, id_prefix: str = "") -> list[DispatchResult]:
     """Dispatch each of ``items`` as a task of ``task_type``; one ``DispatchResult`` per item, in order.
 
     An item is a payload (a JSON object), or a pair ``(payload, options)``
@@ -85,6 +87,8 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
     ...). ``timeout`` and ``metadata`` here are every item's default; an item's
     own options win. Never raises for bad input: a bad item is a rejection with
     its reason, and the other items are admitted regardless.
+
+    ``id_prefix`` starts every new task id (the HTTP API marks its caller's tasks so: ``api.tenancy``).
     """
     entries = list(items)
     results: list[DispatchResult | None] = [None] * len(entries)
@@ -94,7 +98,10 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
         return [unavailable(exc, None) for _ in entries]
     defaults = {"timeout": timeout, "metadata": metadata}
     queue: deque[tuple[int, Any, dict[str, Any], str]] = deque()
-    for (index, item), task_id in zip(enumerate(entries), new_task_ids(len(entries)), strict=True):
+    task_ids = new_task_ids(len(entries))
+    if id_prefix:
+        task_ids = [id_prefix + task_id for task_id in task_ids]
+    for (index, item), task_id in zip(enumerate(entries), task_ids, strict=True):
         try:
             payload, options = split_item(item, defaults)
         except Invalid as exc:
@@ -107,15 +114,111 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
 
 def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id: str,
               replace_idempotency: bool = False) -> DispatchResult:
-    """One dispatch (``dispatch.delay``): a chunk of one through ``Admission``, the way every dispatch goes."""
+    """One dispatch (``dispatch.delay``): a chunk of one through ``Admission``, the way every dispatch goes.
+
+    Calls made from other threads of this process while one is in Redis wait for it and then go
+    together, a chunk per task type in one round trip (``Joiner``): eight threads dispatching at once
+    pay about one round trip for each turn, not eight. A call on an idle process goes at once.
+    """
+    return _JOINER.admit(Waiting(task_type, payload, options, task_id, replace_idempotency))
+
+
+def _admit_now(entries: list[Waiting]) -> None:
+    """Admit ``entries`` (each gets its ``result``): one ``Admission`` per task type, in their order."""
     try:
         snap = config.current()
     except redis.RedisError as exc:
-        return unavailable(exc, None)
-    results: list[DispatchResult | None] = [None]
-    Admission(task_type, snap, results, replace_idempotency=replace_idempotency).run(
-        deque([(0, payload, options, task_id)]))
-    return results[0]  # type: ignore[return-value]  # Admission.run fills it
+        for entry in entries:
+            entry.result = unavailable(exc, None)
+        return
+    by_kind: dict[tuple[Any, bool], list[Waiting]] = {}
+    for entry in entries:
+        key = (entry.task_type if isinstance(entry.task_type, str) else id(entry.task_type), entry.replace)
+        by_kind.setdefault(key, []).append(entry)
+    for group in by_kind.values():
+        results: list[DispatchResult | None] = [None] * len(group)
+        queue = deque((i, e.payload, e.options, e.task_id) for i, e in enumerate(group))
+        Admission(group[0].task_type, snap, results, replace_idempotency=group[0].replace).run(queue)
+        for entry, result in zip(group, results, strict=True):
+            entry.result = result
+
+
+class Waiting:
+    """One ``dispatch.delay`` call on its way through the ``Joiner``."""
+
+    __slots__ = ("options", "payload", "replace", "result", "task_id", "task_type", "turn")
+
+    def __init__(self, task_type: Any, payload: Any, options: dict[str, Any], task_id: str,
+                 replace: bool) -> None:
+        self.task_type, self.payload, self.options, self.task_id = task_type, payload, options, task_id
+        self.replace = replace
+        self.result: DispatchResult | None = None
+        self.turn: threading.Event | None = None  # set when its result is in, or when it leads the next turn
+
+
+class Joiner:
+    """Concurrent single dispatches of one process share round trips (group commit, in the caller).
+
+    One call at a time is in Redis: its caller *leads*. Calls made meanwhile wait in ``waiting``;
+    when the leader's call returns, the first of them leads the next turn, which admits every call
+    waiting by then at once. No call waits for more than the call in Redis and its own turn.
+    """
+
+    def __init__(self) -> None:
+        self._lock = ForkSafeLock()
+        self._busy = False
+        self._waiting: list[Waiting] = []
+
+    def admit(self, entry: Waiting) -> DispatchResult:
+        with self._lock:
+            lead = not self._busy
+            if lead:
+                self._busy = True
+            else:
+                entry.turn = threading.Event()
+                self._waiting.append(entry)
+        if not lead:
+            assert entry.turn is not None
+            entry.turn.wait()
+            if entry.result is not None:
+                return entry.result
+            turn, entry.turn = self._take_turn(entry), None
+        else:
+            turn = [entry]
+        self._run(turn)
+        self._hand_on()
+        assert entry.result is not None
+        return entry.result
+
+    def _take_turn(self, leader: Waiting) -> list[Waiting]:
+        with self._lock:
+            turn, self._waiting = self._waiting, []
+        return [leader, *(e for e in turn if e is not leader)]
+
+    @staticmethod
+    def _run(turn: list[Waiting]) -> None:
+        try:
+            _admit_now(turn)
+        finally:
+            for entry in turn:
+                if entry.result is None:  # never expected: Admission fills every result
+                    entry.result = DispatchResult(False, reason="unavailable", detail="dispatch failed in the caller")
+            for entry in turn[1:]:
+                assert entry.turn is not None
+                entry.turn.set()
+
+    def _hand_on(self) -> None:
+        """The next waiting call leads (it takes everyone waiting); none waiting: idle again."""
+        with self._lock:
+            if not self._waiting:
+                self._busy = False
+                return
+            nxt = self._waiting[0]  # it takes itself and the rest in _take_turn
+        assert nxt.turn is not None
+        nxt.turn.set()
+
+
+_JOINER = Joiner()
 
 
 #: A version 4 UUID's variant digit (``10xx`` in its top bits) for each hex digit of random bits.

@@ -34,6 +34,7 @@ shuts down warm, for its supervisor to start a fresh one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -219,7 +220,8 @@ class Runner:
             return None
         request = CeleryContext(
             id=task_id, task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
-            hostname=self.hostname, periodic_task_name=None, meta={}, children=[], dispatch_settle=None,
+            shadow=headers.get("shadow"), hostname=self.hostname, periodic_task_name=None, meta={}, children=[],
+            dispatch_settle=None,
             timelimit=None, retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
         )
         attempt = Attempt(task, env, kwargs["payload"], task_id=task_id, request=request)
@@ -465,7 +467,8 @@ class Runner:
         rows = []
         for field, entries in by_field.items():
             elapsed = [finished_at - item.attempt.started_at for item, _, _ in entries]
-            replies = until_answered(lambda entries=entries, elapsed=elapsed, field=field: finish_batch(
+            replies = until_answered(functools.partial(
+                finish_batch,
                 items=[DoneItem(item.attempt.task_id, item.attempt.record, item.attempt.env.chat,
                                 bounded_result(result_json), item.attempt.owner)
                        for item, _, result_json in entries],

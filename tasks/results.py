@@ -94,6 +94,8 @@ class UpsertBackend(DatabaseBackend):
         meta = {**self._get_meta_from_request(request), "children": self.current_task_children(request)}
         _, _, encoded_meta = self.encode_content(meta)
         row = self._get_extended_properties(request, traceback)
+        if getattr(request, "shadow", None):  # the task type (lanes.messages), not its handler
+            row["task_name"] = request.shadow
         row.update(task_id=task_id, content_encoding=content_encoding, content_type=content_type,
                    meta=encoded_meta, result=encoded, status=status, traceback=traceback)
         return row, encoded
@@ -108,7 +110,7 @@ class UpsertBackend(DatabaseBackend):
         return encoded
 
 
-# --- cancelled tasks (issue 18: tasks.cancel) ----------------------------------
+# --- cancelled tasks (tasks.cancel) --------------------------------------------
 
 
 def store_revoked(task_id: str, detail: str, request: Any = None) -> None:

@@ -38,7 +38,7 @@ def platform_work(payload: dict, ctx: Any) -> None:
 
 @handler("bench.work_batch", batch=True)
 def platform_work_batch(items: list) -> list:
-    """The batched path (issue 16): one call for many tasks, whose I/O is one request (the first item's ``ms``)."""
+    """The batched path: one call for many tasks, whose I/O is one request (the first item's ``ms``)."""
     if items:
         work(items[0][0])
     return [None] * len(items)

@@ -52,10 +52,10 @@ SYSTEMS: dict[str, str] = {
 }
 #: The Dramatiq systems; the issue's targets compare with the faster of them in each workload.
 DRAMATIQ_SYSTEMS = ("dramatiq", "dramatiq-defaults")
-#: Issue 16's budget: most Redis commands per task on the platform's plain path (commands inside
+#: The Redis budget: most Redis commands per task on the platform's plain path (commands inside
 #: scripts included), asserted by tests/integration/test_redis_budget.py and test_benchmark.py.
 PLAIN_PATH_COMMANDS_BUDGET = 25
-#: Issue 16's budget per item of a batched type sent in bulk (row ``batch-bulk``): admit_many.lua, then
+#: The Redis budget per item of a batched type sent in bulk (row ``batch-bulk``): admit_many.lua, then
 #: claim_batch.lua and finish_batch.lua (docs/redis-budget.md).
 BATCH_ITEM_COMMANDS_BUDGET = 10
 #: Threads per process of Dramatiq's own default (``dramatiq --threads``).
@@ -73,7 +73,7 @@ DEFAULT_WORKLOADS = [w for w in WORKLOADS if w != "sms"]
 SMS_TYPES = {"platform": "bench.sms_one", "batch": "bench.sms"}
 PLAIN_TYPE, CHAT_TYPE, BATCH_TYPE = "bench.plain", "bench.chat", "bench.batch"
 PLAIN_LANE, CHAT_LANE, BATCH_LANE = "bench-plain", "bench-chat", "bench-batch"
-#: The batched type's batch size and window (issue 16).
+#: The batched type's batch size and window.
 BATCH_SIZE, BATCH_WINDOW_MS = 100, 2
 BENCH_CONFIG = {
     "retry_policies": [{"name": "bench", "max_retries": 3, "initial_backoff": 0.5, "multiplier": 2.0,
@@ -153,7 +153,7 @@ class Row:
     low: float | None = None
     high: float | None = None
     ratio: float | None = None  # median / plain Celery's median
-    vs_dramatiq: float | None = None  # median / the faster Dramatiq row's median in this workload (issue 16's targets)
+    vs_dramatiq: float | None = None  # median / the faster Dramatiq row's median in this workload (the targets)
     cpu_ms_total: float | None = None  # producer + workers + Redis CPU per task
     cpu_ratio: float | None = None  # plain Celery's CPU per task / this one's: the ratio if CPU-bound, less noisy
     rates: list[float] = field(default_factory=list)

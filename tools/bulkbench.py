@@ -6,7 +6,7 @@ SQLite database and its task types, then runs the producer in its own process
 plain type both ways, in alternating order, nobody consuming; items/s =
 N / (first call .. last answer), payloads built inside the timing both ways.
 It also records Redis commands and round trips per item (``INFO commandstats``,
-``tools.probe``). The target (issue 16) is ``dispatch_many`` at least 10 times the loop.
+``tools.probe``). The target is ``dispatch_many`` at least 10 times the loop.
 """
 
 from __future__ import annotations

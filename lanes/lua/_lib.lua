@@ -64,7 +64,7 @@ end
 -- (published, behind its chat's head, parked for a retry, or waiting on a
 -- limit), and its lane keeps their count beside it (``<lane key prefix><lane>:waiting``,
 -- lanes.keys.lane_waiting): admission's depth in one command instead of ten
--- LLENs and three more reads (issue 16). A script changes the set only through
+-- LLENs and three more reads. A script changes the set only through
 -- these two, so the count moves exactly when the set does (ZADD and ZREM say
 -- whether they did). A count found below zero is dropped (never negative).
 -- waiting_add returns the Redis commands it ran (scripts that report their cost).
@@ -425,7 +425,7 @@ local function finish_record(c, record, task_id, outcome, result, owner, tombsto
   -- lease that ran out anyway only has the sweep republish the finished record,
   -- whose copy re-stores the result row), and it left the deadlines set at the
   -- claim. Only a task finished without a claim (poison, expired before it ran)
-  -- gets the settle lease and leaves the set here (issue 16: docs/redis-budget.md).
+  -- gets the settle lease and leaves the set here (docs/redis-budget.md).
   if not (st == 'running' and owner ~= '' and f[3] == owner) then
     redis.call('ZADD', c.leases, c.settle_until, record)
     if c.deadlines then waiting_remove(c.deadlines, record, c.lane_prefix, f[2]) end

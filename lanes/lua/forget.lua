@@ -12,7 +12,7 @@
 -- state is not read again, and the records go in one DEL and one ZREM per
 -- ``CHUNK`` of them: a settling thread sends every record it settled in the
 -- last tenth of a second, so that is a small fraction of a command per task
--- instead of three (issue 16, docs/redis-budget.md). A record already gone
+-- instead of three (docs/redis-budget.md). A record already gone
 -- (settled by another copy's worker) is simply not counted.
 
 local index, RECORDS, records = KEYS[1], 2, KEYS

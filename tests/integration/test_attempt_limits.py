@@ -75,7 +75,8 @@ def test_a_late_end_of_an_abandoned_attempt_changes_nothing(rc, start_worker):
     letter = DeadLetter.objects.get(task_id=result.task_id)
     assert letter.attempts == 4
     # Every abandoned attempt's handler returned meanwhile (3 s each): none of them changed the outcome.
-    wait_until(lambda: "late_end_ignored" in worker.log_path.read_text(errors="replace"), timeout=15, what="a late end logged")
+    wait_until(lambda: "late_end_ignored" in worker.log_path.read_text(errors="replace"), timeout=15,
+               what="a late end logged")
     wait_until(lambda: TaskResult.objects.filter(task_id=result.task_id, status="FAILURE").exists(), timeout=10,
                what="its FAILURE row")
     assert DeadLetter.objects.filter(task_id=result.task_id).count() == 1

@@ -375,6 +375,7 @@ def test_cli_payloads_file_judges_each_line_and_exits_by_the_worst(rc, tmp_path,
     written = [json.loads(line) for line in results_path.read_text().splitlines()]
     assert [x["line"] for x in written] == [1, 2, 3, 5, 6, 7, 8]
     assert written[0]["priority"] == 7 and written[5]["task_id"] == written[1]["task_id"]
+    assert written[0]["task_id"].startswith("cli-")  # the task remembers it came from the CLI (tasks.owners)
     assert lane_depth(rc, lane) == 2
 
     good = tmp_path / "good.jsonl"
