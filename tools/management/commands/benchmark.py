@@ -92,7 +92,9 @@ class Command(BaseCommand):
         if opts["json"]:
             self.stdout.write(dumps(report.as_dict()))
             return
-        self.stdout.write(table(benchmark.table_rows(report), benchmark.TABLE_COLUMNS))
+        main = benchmark.table_rows(report)
+        if main or not benchmark.latency_table_rows(report):
+            self.stdout.write(table(main, benchmark.TABLE_COLUMNS))
         for line in benchmark.command_breakdown(report):
             self.stdout.write(line)
         latency = benchmark.latency_table_rows(report)
