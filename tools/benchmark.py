@@ -61,7 +61,7 @@ SYSTEMS: dict[str, str] = {
     "huey": "Huey task (calling it enqueues) at its own defaults (huey_consumer: 1 worker thread)",
     "taskiq": "taskiq async task (.kiq) at its own defaults (taskiq worker, RedisStreamBroker)",
 }
-#: The Dramatiq systems (the targets of issue 16 compared with the faster of them).
+#: The Dramatiq systems (column `x best dramatiq` compares with the faster of them).
 DRAMATIQ_SYSTEMS = ("dramatiq", "dramatiq-defaults")
 #: The outside peers; every row is also a ratio to the fastest of them in its workload (``x best peer``).
 PEER_SYSTEMS = (*DRAMATIQ_SYSTEMS, "huey", "taskiq")

@@ -8,6 +8,8 @@ dispatch latency is measured from that due time, so a slow platform shows up
 as latency instead of being hidden by a generator that waits for it
 (coordinated omission). Each chat's messages are sent by one sender thread in
 order, carrying a per-chat sequence number and a unique idempotency key.
+Enqueue->start (``start_ms``) runs from the dispatch call to the moment the
+sink's first attempt began (the sink writes it into its record).
 
 The sink handler (``tools/sink.py``; ``loadtest.sink``, or its batched twin
 ``loadtest.sink_batch``, whose calls it also counts) records every applied

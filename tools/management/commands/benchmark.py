@@ -37,7 +37,7 @@ class Command(BaseCommand):
         parser.add_argument("--io-concurrency", type=int, default=16, help="per instance, I/O workload")
         parser.add_argument("--systems", default=",".join(benchmark.SYSTEMS))
         parser.add_argument("--workloads", default=",".join(benchmark.DEFAULT_WORKLOADS),
-                            help=f"of {','.join(benchmark.WORKLOADS)} (sms only when named)")
+                            help=f"of {','.join(benchmark.WORKLOADS)} (sms and latency only when named)")
         parser.add_argument("--latency-idle", type=int, help="latency workload: tasks sent one at a time (200)")
         parser.add_argument("--latency-gap-ms", type=float, help="latency workload: ms after each idle send (10)")
         parser.add_argument("--latency-load-s", type=float, help="latency workload: seconds of the loaded phase (3)")
