@@ -20,6 +20,10 @@ run: $(STAMP)
 test: $(STAMP)
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The unit tier alone: pure logic, no Redis, no database, no worker (under a minute).
+test-fast: $(STAMP)
+	@$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
 faults: $(STAMP)
 	@FAULTS_LONG=1 $(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
 

@@ -304,7 +304,45 @@ def maybe_sample(client: Redis, lanes: Iterable[str], now: float | None = None) 
     return True
 
 
+#: A limit's current rate spans at least this many seconds (one sample interval more, at most):
+#: the 1-minute figure of a limit that just started is its partial minute's average, far under it.
+CURRENT_RATE_MIN_S = 10.0
+#: Seconds of limit samples kept.
+LIMIT_SAMPLE_KEEP_S = 120.0
+
+
+def record_limit_sample(client: Redis, now: float, totals: Counters | None = None) -> None:
+    """One sample of every limit's all-time admitted count (what ``current_limit_rates`` compares with)."""
+    totals = read_totals(client) if totals is None else totals
+    admitted = {k[1]: v for k, v in totals.items() if k[0] == "lim_admitted" and len(k) == 2}
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(keys.LIMIT_SAMPLES, {f"{now:.3f}|{json.dumps(admitted, sort_keys=True)}": now})
+    pipe.zremrangebyscore(keys.LIMIT_SAMPLES, "-inf", now - LIMIT_SAMPLE_KEEP_S)
+    pipe.expire(keys.LIMIT_SAMPLES, int(LIMIT_SAMPLE_KEEP_S) + 60)
+    pipe.execute()
+
+
+def current_limit_rates(client: Redis, now: float, totals: Counters) -> dict[str, float]:
+    """Admitted/s of each limit since the newest sample at least :data:`CURRENT_RATE_MIN_S` old."""
+    found = client.zrevrangebyscore(keys.LIMIT_SAMPLES, now - CURRENT_RATE_MIN_S, now - LIMIT_SAMPLE_KEEP_S,
+                                    start=0, num=1)
+    if not found:
+        return {}
+    try:
+        at, _, counts = _text(found[0]).partition("|")
+        then, before = float(at), json.loads(counts)
+    except ValueError:
+        return {}
+    span = now - then
+    out = {}
+    for k, v in totals.items():
+        if k[0] == "lim_admitted" and len(k) == 2 and span > 0:
+            out[k[1]] = round(max(0.0, v - float(before.get(k[1], 0.0))) / span, 3)
+    return out
+
+
 def record_sample(client: Redis, lanes: Iterable[str], now: float) -> None:
+    record_limit_sample(client, now)
     names = list(lanes)
     if not names:
         return
@@ -461,9 +499,11 @@ def snapshot(client: Redis | None = None, now: float | None = None,
             consumers=holders.get(lane.name, []),
         ))
     window = merge(minutes)
-    limits = limit_stats.read_limits(
-        client, now, rates=limit_stats.counter_rates(minutes, RATE_WINDOWS, elapsed, rate),
-        totals=limit_stats.counter_totals(read_totals(client)))
+    all_time = read_totals(client)
+    rates = limit_stats.counter_rates(minutes, RATE_WINDOWS, elapsed, rate)
+    for name, per_s in current_limit_rates(client, now, all_time).items():
+        rates.setdefault(name, {}).setdefault("admitted", {})["now"] = per_s
+    limits = limit_stats.read_limits(client, now, rates=rates, totals=limit_stats.counter_totals(all_time))
     return {
         "generated_at": now,
         "lanes": [row.as_dict() for row in rows],
@@ -506,6 +546,7 @@ def limit_table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             f"{b['key']}:{b['in_flight']}+{b['waiting']}" for b in lim["busiest"] if lim["scope"] != "global")
         rows.append({
             "limit": lim["name"], "scope": lim["scope"] + (" fair" if lim["fair_share"] else ""),
+            "rate/s now": format_rate(lim["admitted_per_s"]["now"]) if "now" in lim["admitted_per_s"] else "-",
             "rate/s 1m": format_rate(rate_1m),
             "limit/s": format_rate(lim["rate"]) if lim["rate"] else "-",
             "in flight": lim["in_flight"], "cap": lim["cap"] if lim["cap"] is not None else "-",

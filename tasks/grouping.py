@@ -34,6 +34,7 @@ shuts down warm, for its supervisor to start a fresh one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -181,6 +182,9 @@ class Runner:
         self._seq = 0
         self.stuck = 0
         self.stopping = False
+        controller = getattr(consumer, "controller", None)
+        if controller is not None:  # read by the worker's heartbeat (lanes.worker.HeartbeatStep)
+            controller.dispatch_stuck_threads = lambda: self.stuck
         self._start("dispatch-claim", self._claim_forever)
         self._start("dispatch-finish", self._finish_forever)
         self._start("dispatch-watch", self._watch_forever)
@@ -216,7 +220,8 @@ class Runner:
             return None
         request = CeleryContext(
             id=task_id, task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
-            hostname=self.hostname, periodic_task_name=None, meta={}, children=[], dispatch_settle=None,
+            shadow=headers.get("shadow"), hostname=self.hostname, periodic_task_name=None, meta={}, children=[],
+            dispatch_settle=None,
             timelimit=None, retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
         )
         attempt = Attempt(task, env, kwargs["payload"], task_id=task_id, request=request)
@@ -462,7 +467,8 @@ class Runner:
         rows = []
         for field, entries in by_field.items():
             elapsed = [finished_at - item.attempt.started_at for item, _, _ in entries]
-            replies = until_answered(lambda entries=entries, elapsed=elapsed, field=field: finish_batch(
+            replies = until_answered(functools.partial(
+                finish_batch,
                 items=[DoneItem(item.attempt.task_id, item.attempt.record, item.attempt.env.chat,
                                 bounded_result(result_json), item.attempt.owner)
                        for item, _, result_json in entries],
@@ -486,6 +492,15 @@ class Runner:
 
     def _rows(self, rows: list[tuple[Item, Any, str]]) -> None:
         """Result rows in one statement; then their finished records may be settled."""
+        if not rows:
+            return
+        kept = []
+        for item, value, state in rows:
+            if results.keeps_row(item.name, state):
+                kept.append((item, value, state))
+            elif (settle := item.attempt.request.dispatch_settle) and settle[1] == state:
+                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
+        rows = kept
         if not rows:
             return
         backend = rows[0][0].attempt.task.backend

@@ -40,7 +40,7 @@ def platform_work(payload: dict, ctx: Any) -> None:
 
 @handler("bench.work_batch", batch=True)
 def platform_work_batch(items: list) -> list:
-    """The batched path (issue 16): one call for many tasks, whose I/O is one request (the first item's ``ms``)."""
+    """The batched path: one call for many tasks, whose I/O is one request (the first item's ``ms``)."""
     if items:
         started = time.time()
         for payload, _ctx in items[1:]:

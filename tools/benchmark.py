@@ -67,10 +67,10 @@ DRAMATIQ_SYSTEMS = ("dramatiq", "dramatiq-defaults")
 PEER_SYSTEMS = (*DRAMATIQ_SYSTEMS, "huey", "taskiq")
 #: The module each peer needs (``pip install -r requirements-bench.txt``).
 PEER_PACKAGES = {"dramatiq": "dramatiq", "dramatiq-defaults": "dramatiq", "huey": "huey", "taskiq": "taskiq_redis"}
-#: Issue 16's budget: most Redis commands per task on the platform's plain path (commands inside
+#: The Redis budget: most Redis commands per task on the platform's plain path (commands inside
 #: scripts included), asserted by tests/integration/test_redis_budget.py and test_benchmark.py.
 PLAIN_PATH_COMMANDS_BUDGET = 25
-#: Issue 16's budget per item of a batched type sent in bulk (row ``batch-bulk``): admit_many.lua, then
+#: The Redis budget per item of a batched type sent in bulk (row ``batch-bulk``): admit_many.lua, then
 #: claim_batch.lua and finish_batch.lua (docs/redis-budget.md).
 BATCH_ITEM_COMMANDS_BUDGET = 10
 #: Threads per process of Dramatiq's own default (``dramatiq --threads``).
@@ -93,7 +93,7 @@ LATENCY_LOAD_SHARE = 0.5
 SMS_TYPES = {"platform": "bench.sms_one", "batch": "bench.sms"}
 PLAIN_TYPE, CHAT_TYPE, BATCH_TYPE = "bench.plain", "bench.chat", "bench.batch"
 PLAIN_LANE, CHAT_LANE, BATCH_LANE = "bench-plain", "bench-chat", "bench-batch"
-#: The batched type's batch size and window (issue 16).
+#: The batched type's batch size and window.
 BATCH_SIZE, BATCH_WINDOW_MS = 100, 2
 BENCH_CONFIG = {
     "retry_policies": [{"name": "bench", "max_retries": 3, "initial_backoff": 0.5, "multiplier": 2.0,
@@ -182,7 +182,7 @@ class Row:
     low: float | None = None
     high: float | None = None
     ratio: float | None = None  # median / plain Celery's median
-    vs_dramatiq: float | None = None  # median / the faster Dramatiq row's median in this workload (issue 16's targets)
+    vs_dramatiq: float | None = None  # median / the faster Dramatiq row's median in this workload (the targets)
     vs_peer: float | None = None  # median / the fastest peer's median in this workload (PEER_SYSTEMS)
     best_peer: str | None = None  # which peer that is
     cpu_ms_total: float | None = None  # producer + workers + Redis CPU per task

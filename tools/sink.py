@@ -2,7 +2,7 @@
 
 The load test checks the record afterwards: every accepted message applied
 once, in dispatch order per chat. The record is keyed by run id and expires.
-``loadtest.sink_batch`` is the batched twin (issue 16): one simulated I/O wait
+``loadtest.sink_batch`` is the batched twin: one simulated I/O wait
 per batch, the same record per item, and a count of its calls per run.
 Registered by the tools app's ``ready()`` only, so a production install
 (``DISPATCH_PROFILE=production``, tools left out) has no such handler.
@@ -144,7 +144,7 @@ def record_applied_many(run: str, entries: Sequence[tuple[str, str]], ttl_s: int
 
 
 def _call_lean(script: Script, keys_: Sequence[Any], args: Sequence[Any]) -> Any:
-    """EVALSHA on a pooled connection, EVAL when Redis lost the script: the lean path of ``lanes.scripts.call``.
+    """EVALSHA on a pooled connection, EVAL when Redis lost the script: the lean path of ``lanes.lua.loader.call``.
 
     The record is the load test's own verification, not the simulated work, so
     it costs the worker as little client CPU as the platform's own scripts do.

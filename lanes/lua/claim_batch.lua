@@ -12,7 +12,7 @@
 --   ('dispatch:chat:'), 12 lane key prefix (each claimed task leaves its lane's
 --   waiting count with the deadlines set, _lib.lua)
 -- Returns {messages claimed (each as the broker held it), ...}. Their counts
--- (started) are the wrapper's, kept in process since issue 16 (lanes.counters).
+-- (started) are the wrapper's, kept in process (lanes.counters).
 --
 -- A message is taken only when the single path's claim (start.lua) would run it
 -- at once: its record is 'queued' at the message's attempt, it is its chat's
@@ -86,7 +86,7 @@ for i = 5, #KEYS do
 end
 
 if #taken > 0 then
-  -- Every claimed record at once (issue 16): out of the deadlines set and its lane's
+  -- Every claimed record at once: out of the deadlines set and its lane's
   -- waiting count, a lease each, and into the process's held set.
   for lane, records in pairs(by_lane) do waiting_remove_all(KEYS[2], records, ARGV[12], lane) end
   redis.call('ZADD', KEYS[1], unpack(leased))

@@ -11,7 +11,7 @@
 -- Returns one reply per item, in order: 'ok' | 'already' | 'gone' | 'taken'
 --   (what finish.lua answers; an item answered 'taken' stores no result row).
 -- The batch's counts (succeeded, completed, latencies, handler seconds) are the
--- wrapper's, kept in process since issue 16 (lanes.counters), for the 'ok' items.
+-- wrapper's, kept in process (lanes.counters), for the 'ok' items.
 --
 -- Each item goes through finish_record (_lib.lua), the steps finish.lua takes
 -- for one task. Like finish.lua it is safe to run twice: a second run finds

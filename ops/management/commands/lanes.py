@@ -101,7 +101,7 @@ class Command(BaseCommand):
 
 
 def _batched_types(only: list[str] | None) -> list[dict]:
-    """Task types whose handler is batched (issue 16), with their batch settings."""
+    """Task types whose handler is batched, with their batch settings."""
     batched = [name for name in registry.handler_names() if registry.get(name).batch]
     rows = TaskType.objects.filter(handler__in=batched).select_related("lane").order_by("name")
     if only:
