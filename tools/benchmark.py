@@ -54,6 +54,7 @@ SYSTEMS: dict[str, str] = {
     "celery": "plain Celery bare task (.delay, acks_late, prefetch 1, no result)",
     "platform": "platform plain type (dispatch.delay)",
     "chat": "platform chat-scoped type, 1,000 chats",
+    "limited": "platform type under a global limit it never reaches (rate and in-flight cap 100,000): the gate's cost",
     "dramatiq": "Dramatiq actor (.send; reference), the shape nearest the Celery workers",
     "dramatiq-defaults": "Dramatiq actor at its own defaults (processes = CPUs, 8 threads each)",
     "batch": "platform batched type (dispatch.delay; batches of up to 100, I/O once per batch)",
@@ -93,6 +94,7 @@ LATENCY_LOAD_SHARE = 0.5
 SMS_TYPES = {"platform": "bench.sms_one", "batch": "bench.sms"}
 PLAIN_TYPE, CHAT_TYPE, BATCH_TYPE = "bench.plain", "bench.chat", "bench.batch"
 PLAIN_LANE, CHAT_LANE, BATCH_LANE = "bench-plain", "bench-chat", "bench-batch"
+LIMITED_TYPE, LIMITED_LANE = "bench.limited", "bench-limited"
 #: The batched type's batch size and window.
 BATCH_SIZE, BATCH_WINDOW_MS = 100, 2
 BENCH_CONFIG = {
@@ -100,7 +102,10 @@ BENCH_CONFIG = {
                         "max_backoff": 5.0, "jitter": 0.2}],
     "lanes": [{"name": PLAIN_LANE, "capacity": 1_000_000, "accepting": True},
               {"name": CHAT_LANE, "capacity": 1_000_000, "accepting": True},
-              {"name": BATCH_LANE, "capacity": 1_000_000, "accepting": True}],
+              {"name": BATCH_LANE, "capacity": 1_000_000, "accepting": True},
+              {"name": LIMITED_LANE, "capacity": 1_000_000, "accepting": True}],
+    "limits": [{"name": "bench-limit", "scope": "global", "rate": 100_000, "burst": 100_000,
+                "max_in_flight": 100_000}],
     "task_types": [
         {"name": PLAIN_TYPE, "handler": "bench.work", "lane": PLAIN_LANE, "priority": 5, "retry_policy": "bench",
          "timeout": 600, "attempt_timeout": 60, "chat_scoped": False, "options": {}},
@@ -109,6 +114,8 @@ BENCH_CONFIG = {
         {"name": BATCH_TYPE, "handler": "bench.work_batch", "lane": BATCH_LANE, "priority": 5,
          "retry_policy": "bench", "timeout": 600, "attempt_timeout": 60, "chat_scoped": False, "options": {},
          "batch_size": BATCH_SIZE, "batch_window_ms": BATCH_WINDOW_MS},
+        {"name": LIMITED_TYPE, "handler": "bench.work", "lane": LIMITED_LANE, "priority": 5, "retry_policy": "bench",
+         "timeout": 600, "attempt_timeout": 60, "chat_scoped": False, "options": {}, "limits": ["bench-limit"]},
     ],
 }
 
@@ -249,6 +256,13 @@ def machine_info() -> dict[str, Any]:
 
 
 # -- processes ---------------------------------------------------------------
+def _redis_config_args() -> list[str]:
+    """The platform's Redis settings (``lanes.capacity.REDIS_CONFIG``) as redis-server arguments."""
+    from lanes.capacity import REDIS_CONFIG
+
+    return [arg for name, value in REDIS_CONFIG.items() for arg in (f"--{name}", value)]
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -306,7 +320,7 @@ class Bench:
             (self.tmp / "redis").mkdir()
             self.redis = _Proc([REDIS_SERVER_PATH, "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
                                 password, "--dir", str(self.tmp / "redis"), "--appendonly", "no", "--save", "",
-                                "--daemonize", "no", "--loglevel", "warning"], dict(os.environ),
+                                "--daemonize", "no", "--loglevel", "warning", *_redis_config_args()], dict(os.environ),
                                self.tmp / "redis.log")
             self.redis_pid = self.redis.pid
             url = f"redis://:{password}@127.0.0.1:{port}/0"
@@ -414,8 +428,8 @@ class Bench:
             procs.append(_Proc(args, env, log))
             self._wait(lambda: _count_in(log, offset, ready) >= count, procs, system)
             return procs
-        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE, "batch": BATCH_LANE,
-                 "batch-bulk": BATCH_LANE}[system]
+        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE, "limited": LIMITED_LANE,
+                 "batch": BATCH_LANE, "batch-bulk": BATCH_LANE}[system]
         for i in range(self.o.instances):
             procs.append(_Proc(
                 [str(BIN / "celery"), "-A", "dispatchsite", "worker", "-Q", queue, "-n", f"bench{i}-{system}@%h",
@@ -710,7 +724,7 @@ def latency_table_rows(report: BenchReport) -> list[dict[str, Any]]:
 
 
 #: Systems whose Redis commands per task are broken down by command name under the table.
-BREAKDOWN_SYSTEMS = ("platform", "chat", "batch", "batch-bulk")
+BREAKDOWN_SYSTEMS = ("platform", "chat", "limited", "batch", "batch-bulk")
 
 
 def command_breakdown(report: BenchReport) -> list[str]:
@@ -913,6 +927,9 @@ def _sender(system: str, chats: int) -> Callable[[int, dict], int]:
         elif system in ("batch", "batch-bulk"):
             def send(i: int, payload: dict) -> int:
                 return 0 if dispatch.delay(BATCH_TYPE, payload).accepted else 1
+        elif system == "limited":
+            def send(i: int, payload: dict) -> int:
+                return 0 if dispatch.delay(LIMITED_TYPE, payload).accepted else 1
         else:
             def send(i: int, payload: dict) -> int:
                 return 0 if dispatch.delay(CHAT_TYPE, payload, chat_id=f"bc-{i % chats}").accepted else 1
@@ -1009,8 +1026,10 @@ def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
     if system == "celery":
         queues, extra = keys.lane_queues("bench-celery"), []
     else:
-        lane = {"platform": PLAIN_LANE, "batch": BATCH_LANE, "batch-bulk": BATCH_LANE}.get(system, CHAT_LANE)
-        queues, extra = keys.lane_queues(lane), [keys.lane_chat_waiting(lane), keys.lane_delayed(lane)]
+        lane = {"platform": PLAIN_LANE, "limited": LIMITED_LANE, "batch": BATCH_LANE,
+                "batch-bulk": BATCH_LANE}.get(system, CHAT_LANE)
+        queues, extra = keys.lane_queues(lane), [keys.lane_chat_waiting(lane), keys.lane_delayed(lane),
+                                                 keys.lane_limited(lane)]
 
     def empty() -> bool:
         pipe = r.pipeline(transaction=False)
