@@ -16,14 +16,23 @@ autocommit mode the one statement is its own transaction; inside a caller's
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterable
 from typing import Any
 
-from celery import states
+from celery import current_app, states
+from celery.exceptions import TaskRevokedError
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+from celery.result import AsyncResult
 from django.db import connections, router
 from django.utils import timezone
 from django_celery_results.backends.database import DatabaseBackend
 from django_celery_results.models import TaskResult
+
+from lanes import keys
+from lanes.redis_client import get_redis
+from tasks.errors import DeadLettered
 
 #: Columns an update may overwrite (``date_created`` keeps the first write,
 #: ``date_started`` is only written by the STARTED state).
@@ -109,18 +118,6 @@ def outcome_from_redis(task_id: str, timeout: float | None, propagate: bool, int
     """``DispatchResult.get`` for a type that keeps no row for its successes: the outcome Redis keeps
     (the task's tombstone, ``finish.lua``: for a few minutes after it ended). A failure of a type that
     keeps failures' rows is read from its row, as ``AsyncResult.get`` reads it."""
-    import json
-    import time
-
-    from celery import current_app
-    from celery.exceptions import TaskRevokedError
-    from celery.exceptions import TimeoutError as CeleryTimeoutError
-    from celery.result import AsyncResult
-
-    from lanes import keys
-    from lanes.redis_client import get_redis
-    from tasks.errors import DeadLettered
-
     until = None if timeout is None else time.monotonic() + timeout
     while True:
         tomb = get_redis().get(keys.tombstone(task_id))
