@@ -223,6 +223,10 @@ DISPATCH_QUEUED_LEASE_S = float(os.environ.get("DISPATCH_QUEUED_LEASE_S", "60"))
 #: Seconds any call to Redis by the platform (dispatch, workers' bookkeeping) may take
 #: before it fails: dispatch then answers ``unavailable`` instead of hanging.
 DISPATCH_REDIS_TIMEOUT_S = float(os.environ.get("DISPATCH_REDIS_TIMEOUT_S", "5"))
+# Admission refuses new work (``redis_memory_high``) past this share of Redis' maxmemory (lanes/memory_guard.py),
+# reading INFO memory at most every DISPATCH_MEMORY_CHECK_S seconds per process.
+DISPATCH_MEMORY_HIGH = float(os.environ.get("DISPATCH_MEMORY_HIGH", "0.9"))
+DISPATCH_MEMORY_CHECK_S = float(os.environ.get("DISPATCH_MEMORY_CHECK_S", "1"))
 #: Deliveries of one attempt whose worker died before it finished: past this the
 #: task is a dead letter with reason ``poison``.
 DISPATCH_MAX_DELIVERIES = int(os.environ.get("DISPATCH_MAX_DELIVERIES", "3"))

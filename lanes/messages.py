@@ -23,7 +23,10 @@ from lanes.priorities import to_kombu
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
 
 _ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
-_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+#: The body's third part (Celery's callbacks, errbacks, chain, chord): none, so empty. Celery reads each
+#: with ``embed.get`` (and the headers and properties a message leaves out, at their defaults, with
+#: ``.get``): every byte of a message is kept twice while its task waits (BENCHMARKS.md).
+_EMBED: dict[str, Any] = {}
 #: Seconds between the soft time limit (handler told to stop) and the hard one (process killed),
 #: beyond the time an attempt may spend recording its outcome while Redis is away (see
 #: :func:`hard_limit_grace_s`).
@@ -126,18 +129,16 @@ def _json(value: Any) -> str:
 def _headers(handler: str, type_name: str) -> dict[str, Any]:
     """The headers a task type's messages share, the per-task ones None: copied and filled per message
     (building the dict anew was a third of a message's CPU)."""
-    return {"lang": "py", "task": handler, "id": None, "shadow": type_name, "eta": None, "expires": None,
-            "group": None, "group_index": None, "retries": None, "timelimit": None, "root_id": None,
-            "parent_id": None, "argsrepr": "()", "kwargsrepr": None, "origin": _ORIGIN, "ignore_result": False,
-            "replaced_task_nesting": 0, "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,
+    return {"lang": "py", "task": handler, "id": None, "shadow": type_name, "retries": None, "timelimit": None,
+            "root_id": None, "argsrepr": "()", "kwargsrepr": None, "origin": _ORIGIN, LEASED_HEADER: True,
             RECORD_HEADER: None}
 
 
 @functools.lru_cache(maxsize=1024)
 def _properties(lane: str, kombu_priority: int) -> dict[str, Any]:
-    """kombu's properties of a lane's messages at one priority, ``correlation_id`` None: copied and filled."""
-    return {"correlation_id": None, "reply_to": "", "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": keys.lane_queue(lane, 0)},
+    """kombu's properties of a lane's messages at one priority (no correlation id, reply-to or delivery
+    mode: nothing replies to a lane's message, and Redis has one delivery mode)."""
+    return {"delivery_info": {"exchange": "", "routing_key": keys.lane_queue(lane, 0)},
             "priority": kombu_priority, "body_encoding": "utf-8", "delivery_tag": _DELIVERY_TAG}
 
 
@@ -162,8 +163,7 @@ def build_message(task_id: str, handler: str, payload_json: str, envelope: Envel
     headers["timelimit"] = [soft_limit_s + (hard_limit_grace_s() if grace_s is None else grace_s), soft_limit_s]
     headers["kwargsrepr"] = _short_repr(payload_json, envelope)
     headers[RECORD_HEADER] = keys.task_record(task_id, envelope.chat or None)
-    properties = _properties(envelope.lane, to_kombu(envelope.priority)).copy()
-    properties["correlation_id"] = task_id
+    properties = _properties(envelope.lane, to_kombu(envelope.priority))
     body = f'[[],{{"payload":{payload_json},"dispatch":{_json(envelope.as_dict())}}},{_EMBED_JSON}]'
     return orjson.dumps({"body": body, "content-encoding": "utf-8", "content-type": "application/json",
                          "headers": headers, "properties": properties}).decode()

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lanes import capacity, counters, histogram, keys
 from lanes import consumers as lane_consumers
-from lanes import counters, histogram, keys
 from lanes.metrics import MAINTENANCE_COUNTS
 from lanes.priorities import from_kombu
 from ops import limit_stats
@@ -462,6 +462,41 @@ def read_maintenance(client: Redis) -> dict[str, float]:
     return {name: raw.get(name, 0.0) for name in (*MAINTENANCE_COUNTS, "last_run")}
 
 
+#: Below this many waiting tasks the room is projected at the measured bytes per task (lanes.capacity),
+#: above it at what Redis holds per waiting task now (all of used_memory counted: the room errs low).
+ROOM_MIN_BACKLOG = 1000
+
+
+def read_memory(client: Redis, waiting: int, high: float) -> dict[str, Any]:
+    """Redis memory used, its maxmemory, admission's limit there, and the room below it in waiting tasks.
+
+    Without a maxmemory the limit is ``high`` of the machine's memory (Redis would grow until the
+    kernel stops it); ``limited_by`` says which.
+    """
+    info = client.info("memory")
+    used, maxmemory = int(info["used_memory"]), int(info.get("maxmemory", 0))
+    limit = capacity.memory_limit(maxmemory, high)
+    limited_by = "maxmemory"
+    if limit is None:
+        limit = capacity.memory_limit(int(info.get("total_system_memory", 0)), high)
+        limited_by = "machine memory" if limit is not None else "none"
+    per_task = capacity.PATHS["plain"].bytes_waiting
+    if waiting >= ROOM_MIN_BACKLOG:
+        per_task = used / waiting
+    return {"used_bytes": used, "maxmemory_bytes": maxmemory, "limit_bytes": limit, "limited_by": limited_by,
+            "bytes_per_task": round(per_task, 1), "waiting": waiting,
+            "room_tasks": capacity.room_tasks(used, limit, per_task),
+            "used_human": _human_bytes(used), "limit_human": _human_bytes(limit) if limit else "-"}
+
+
+def _human_bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
 def snapshot(client: Redis | None = None, now: float | None = None,
              lane_names: list[str] | None = None) -> dict[str, Any]:
     """Everything the dashboard and ``manage.py lanes`` show, as JSON-able data."""
@@ -512,6 +547,7 @@ def snapshot(client: Redis | None = None, now: float | None = None,
         "rejections": {"by_reason_15m": rejections_by_reason(window)[:20],
                        "recent": read_recent_rejections(client)},
         "dead_letters_total": sum(dead.values()),
+        "redis_memory": read_memory(client, sum(g.waiting for g in gauges.values()), settings.DISPATCH_MEMORY_HIGH),
     }
 
 

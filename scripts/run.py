@@ -46,6 +46,8 @@ def redis_conf(port: int, password: str, data_dir: Path, admin_password: str) ->
     admission answering ``unavailable`` ("Redis is out of memory"), never in the
     host's memory running out, and no key (a task's record) is ever evicted.
     """
+    from lanes.capacity import REDIS_CONFIG  # inner import: the project's path is set by main()
+
     fsync = os.environ.get("REDIS_APPENDFSYNC", "always")
     maxmemory = os.environ.get("REDIS_MAXMEMORY", "1gb")
     return "\n".join([
@@ -53,7 +55,8 @@ def redis_conf(port: int, password: str, data_dir: Path, admin_password: str) ->
         f"user dispatch on >{password} {PLATFORM_ACL}",
         f"maxmemory {maxmemory}", "maxmemory-policy noeviction",
         f"dir {data_dir}", "appendonly yes", f"appendfsync {fsync}", 'save ""',
-        "daemonize no", "loglevel notice", "maxclients 2000", "",
+        "daemonize no", "loglevel notice", "maxclients 2000",
+        *(f"{name} {value}" for name, value in REDIS_CONFIG.items()), "",
     ])
 
 

@@ -205,6 +205,13 @@ def rejected_invalid(snap: config.Snapshot, task_type: Any, exc: Invalid) -> Dis
     return _rejected(name, tc.lane if tc else "", exc.reason, exc.detail)
 
 
+def memory_high(snap: config.Snapshot, task_type: Any, detail: str) -> DispatchResult:
+    """``redis_memory_high``: refused before its admission script, while Redis is near its maxmemory."""
+    tc = snap.types.get(task_type) if isinstance(task_type, str) else None
+    name = tc.name if tc else task_type[:100] if isinstance(task_type, str) else shown(task_type, 100)
+    return _rejected(name, tc.lane if tc else "", "redis_memory_high", detail)
+
+
 def config_kept_changing() -> DispatchResult:
     return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
 

@@ -26,6 +26,7 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
+from lanes import memory_guard
 from lanes.forksafe import ForkSafeLock
 from lanes.lua import admit
 from lanes.lua.loader import NotSent
@@ -38,6 +39,7 @@ from tasks.admission import (
     config_kept_changing,
     confirm_config,
     interpret,
+    memory_high,
     prepare,
     rejected_invalid,
     script_chunk,
@@ -298,6 +300,11 @@ class Admission:
                 if queue:
                     size = next_chunk_size(self.chunks, len(queue))
                     chunk = [queue.popleft() for _ in range(size)]
+                    full = memory_guard.refusal(len(chunk))
+                    if full:  # Redis near its maxmemory: the chunk is refused before its script runs
+                        for index, *_ in chunk:
+                            self.results[index] = memory_high(self.snap, self.task_type, full)
+                        continue
                     version = self.snap.version
                     script_chunk, prepared = self._prepare(chunk)
                     if self.snap.version != version and self.sent:

@@ -49,6 +49,8 @@ def test_small_stepped_load_is_verified_clean(load_worker, tmp_path):
     for step in report["steps"]:
         _clean(step)
         assert step["e2e_ms"]["p99"] is not None and step["dispatch_ms"]["p50"] is not None
+        # Enqueue->start, from the sink's first attempts: after the dispatch call began, p50 <= p99.
+        assert 0 <= step["start_ms"]["p50"] <= step["start_ms"]["p99"], step["start_ms"]
         # Costs are measured, not assumed: admission runs one Lua call per dispatch at least.
         assert step["redis_commands_per_task"] > 0 and step["evalsha_per_task"] >= 1
         assert step["dispatch_round_trips_per_task"] >= 1

@@ -17,14 +17,13 @@ def message_dict(task_id: str, handler: str, payload_json: str, envelope: Envelo
     """The message as a dict, its delivery tag the NUL placeholder and its body the JSON text Celery reads."""
     body = f'[[],{{"payload":{payload_json},"dispatch":{json.dumps(envelope.as_dict(), separators=(",", ":"))}}},' \
         f'{json.dumps(_EMBED, separators=(",", ":"))}]'
+    # Celery's empty or default headers (eta, expires, group, group_index, parent_id, ignore_result,
+    # replaced_task_nesting, stamped_headers, stamps) are left out: its Request reads each with .get.
     headers: dict[str, Any] = {
-        "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "eta": None,
-        "expires": None, "group": None, "group_index": None, "retries": envelope.attempt - 1,
+        "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "retries": envelope.attempt - 1,
         "timelimit": [soft_limit_s + hard_limit_grace_s(), soft_limit_s], "root_id": task_id,
-        "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),
-        "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
-        "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,
-        RECORD_HEADER: keys.task_record(task_id, envelope.chat or None),
+        "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope), "origin": _ORIGIN,
+        LEASED_HEADER: True, RECORD_HEADER: keys.task_record(task_id, envelope.chat or None),
     }
     return {
         "body": body,
@@ -32,9 +31,6 @@ def message_dict(task_id: str, handler: str, payload_json: str, envelope: Envelo
         "content-type": "application/json",
         "headers": headers,
         "properties": {
-            "correlation_id": task_id,
-            "reply_to": "",
-            "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": keys.lane_queue(envelope.lane, 0)},
             "priority": to_kombu(envelope.priority),
             "body_encoding": "utf-8",

@@ -10,6 +10,7 @@ from pathlib import Path
 import redis
 
 from dispatchsite.redis_server import server_path
+from lanes.capacity import REDIS_CONFIG
 
 
 def free_port() -> int:
@@ -46,6 +47,7 @@ class RedisServer:
                 server_path(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
                 "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
                 "--save", "", "--daemonize", "no", "--loglevel", "warning",
+                *(arg for name, value in REDIS_CONFIG.items() for arg in (f"--{name}", value)),
             ]
             offset = log_path.stat().st_size if log_path.exists() else 0
             self.log = open(log_path, "ab")

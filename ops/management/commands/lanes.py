@@ -64,6 +64,10 @@ class Command(BaseCommand):
         chats = snap["chats"]
         lines.append(f"\nchats with a backlog: {chats['active']}, longest backlog: {chats['longest']}; "
                      f"dead letters pending: {snap['dead_letters_total']}")
+        mem = snap["redis_memory"]
+        room = "unknown" if mem["room_tasks"] is None else f"{mem['room_tasks']:,} tasks"
+        lines.append(f"redis memory: {mem['used_human']} used, admission refuses at {mem['limit_human']} "
+                     f"({mem['limited_by']}); room: {room} at {mem['bytes_per_task']:.0f} bytes a task")
         rejected = snap["rejections"]["by_reason_15m"]
         if rejected:
             lines.append("rejections, last 15 min: " + ", ".join(
