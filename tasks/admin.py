@@ -143,6 +143,7 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
         ("Ordering and bounds", {"fields": ("chat_scoped", "chat_queue_size", "max_payload_bytes",
                                             "idempotency_window")}),
         ("Callers", {"fields": ("shared",)}),
+        ("Results", {"fields": ("store_result",)}),
         ("Batching (batched handlers only)", {"fields": ("batch_size", "batch_window_ms")}),
     )
 

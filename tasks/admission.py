@@ -27,7 +27,7 @@ from lanes.lua import admit
 from lanes.messages import Envelope, build_message, hard_limit_grace_s
 from lanes.priorities import to_kombu
 from tasks import cancel as cancelling
-from tasks import config
+from tasks import config, results
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
 from tasks.schedule import due_at
@@ -47,11 +47,20 @@ class DispatchResult:
     estimated_delay: float | None = None
     #: The task's chat ('' if none), so that ``cancel`` finds its record in one step; not in ``as_dict``.
     chat_id: str = field(default="", repr=False, compare=False)
+    #: Its type's ``store_result``: where ``get`` waits for the outcome; not in ``as_dict``.
+    store_result: str = field(default="always", repr=False, compare=False)
 
     def get(self, timeout: float | None = None, propagate: bool = True, interval: float = 0.1) -> Any:
-        """Wait for the task's outcome, like Celery's ``AsyncResult.get``."""
+        """Wait for the task's outcome, like Celery's ``AsyncResult.get``.
+
+        A type that keeps no row for its successes (``store_result`` 'failures' or 'never') is waited
+        for in Redis, which keeps a task's outcome for a few minutes after it ended.
+        """
         if not self.task_id:
             raise ValueError(f"dispatch was not accepted ({self.reason}): there is no task to wait for")
+        if self.store_result != "always":
+            return results.outcome_from_redis(self.task_id, timeout, propagate, interval,
+                                              failures_have_rows=self.store_result == "failures")
         return self.async_result().get(timeout=timeout, propagate=propagate, interval=interval)
 
     def cancel(self, reason: str = "", *, by: str = "") -> cancelling.CancelResult:
@@ -69,7 +78,7 @@ class DispatchResult:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["chat_id"]
+        del out["chat_id"], out["store_result"]
         return out
 
 
@@ -252,7 +261,8 @@ def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | 
     """The ``DispatchResult`` admit.lua's ``reply`` (not ``Stale``) means for ``prepared``."""
     tc, checked, task_id, now = prepared.tc, prepared.checked, prepared.task_id, prepared.now
     if isinstance(reply, admit.Duplicate):
-        return DispatchResult(True, reply.task_id, tc.lane, checked.priority, duplicate=True)
+        return DispatchResult(True, reply.task_id, tc.lane, checked.priority, duplicate=True,
+                              store_result=tc.store_result)
     if isinstance(reply, admit.Conflict):
         return _rejected(
             tc.name, tc.lane, "idempotency_conflict",
@@ -289,6 +299,6 @@ def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | 
         estimated, why = round(max(estimated or 0.0, due - now), 3), ""
     chat = checked.chat_id if tc.chat_scoped else ""
     result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
-                            estimated_delay=estimated, chat_id=chat)
+                            estimated_delay=estimated, chat_id=chat, store_result=tc.store_result)
     lifecycle.emit_queued(task_id, tc.name, tc.lane, chat)
     return result

@@ -266,6 +266,13 @@ class _Batch:
 
     def _store_rows(self, rows: list[tuple[Attempt, Any, str]]) -> None:
         """The extra items' result rows in one statement; then their finished records may be settled."""
+        kept = []
+        for item, value, state in rows:
+            if results.keeps_row(item.env.type, state):
+                kept.append((item, value, state))
+            elif (settle := item.request.dispatch_settle) and settle[1] == state:
+                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
+        rows = kept
         if not rows:
             return
         backend = self.task.backend

@@ -61,6 +61,8 @@ class TypeConf:
     shared: bool = False
     #: Longest countdown / eta an API caller may ask (None: the type's timeout).
     max_delay_s: float | None = None
+    #: Which outcomes get a result row: 'always', 'failures' (dead letters and cancels) or 'never'.
+    store_result: str = "always"
 
     @property
     def needs_limit_key(self) -> bool:
@@ -132,6 +134,7 @@ def _load(version: str) -> Snapshot:
             batch_window_ms=tt.batch_window_ms,
             shared=tt.shared,
             max_delay_s=tt.max_delay,
+            store_result=tt.store_result,
         )
     _publish_limits(limits)
     return Snapshot(version, lanes, types, limits, db_revision, policies)

@@ -195,6 +195,17 @@ class TaskType(models.Model):
                   "chat and every caller's key 'k' one key (for chats that several services write to); a token "
                   "can then queue behind, fill or take the keys of another caller's chats.",
     )
+    class StoreResult(models.TextChoices):
+        ALWAYS = "always", "always (every outcome has its result row)"
+        FAILURES = "failures", "failures (rows only for dead letters and cancels)"
+        NEVER = "never", "never (no result row; .get() reads the outcome from Redis for a while)"
+
+    store_result = models.CharField(
+        "store result", max_length=8, choices=StoreResult.choices, default=StoreResult.ALWAYS,
+        help_text="Which outcomes get a row in the result table (Celery Results, the API's task state). A row "
+                  "is a database write per task; without one, DispatchResult.get() reads the outcome Redis keeps "
+                  "for a few minutes after the task ends.",
+    )
     max_delay = models.FloatField(
         "max delay (s)", null=True, blank=True,
         help_text="Longest countdown / eta an API caller may ask for; empty: the type's timeout.",
