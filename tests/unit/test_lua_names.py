@@ -19,8 +19,8 @@ from lanes import keys
 from lanes.lua import loader
 
 LUA_DIR = Path(loader.__file__).parent
-#: The execution path's scripts (and its grouped claim), owned by its rewrite in progress: converted after.
-NOT_YET = {"start", "finish", "retry", "claim_batch", "finish_batch", "pop_more", "claim_group", "_claim"}
+#: The pop, which another change (quoted chat ids) reworks at the same time: converted after it.
+NOT_YET = {"pop_more"}
 SCRIPTS = sorted(p for p in LUA_DIR.glob("*.lua") if p.stem not in NOT_YET)
 POSITIONAL = re.compile(r"\b(?:KEYS|ARGV)\[")
 
