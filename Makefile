@@ -27,7 +27,7 @@ test-fast: $(STAMP)
 faults: $(STAMP)
 	@FAULTS_LONG=1 $(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
 
-# Side-by-side benchmark (installs the bench-only requirements: dramatiq, py-spy).
+# Side-by-side benchmark (installs the bench-only requirements: dramatiq, huey, taskiq, py-spy).
 bench: $(STAMP)
 	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt
 	@$(BIN)/python manage.py benchmark $(BENCH_ARGS)

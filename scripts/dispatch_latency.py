@@ -8,7 +8,7 @@ Each ROOT is a checkout (default: this one); the rounds alternate between them
 SQLite file, so two checkouts are compared in the same run. A live consumer is
 registered for the lane, as a serving lane has one. Prints per round, in
 microseconds a call: p50, p99 and mean of the wall time, the caller's CPU
-(``process_time``) and Redis' time in commands (``INFO commandstats``): on a
+(``process_time``), Redis' time in commands and its commands (``INFO commandstats``): on a
 busy machine the wall times are noisy, the two CPU figures much less. Then the
 median and the least of the rounds per checkout.
 """
@@ -29,9 +29,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent.parent
 
 
-def _redis_usec(client) -> int:
-    """Microseconds Redis spent in commands so far (``INFO commandstats``), its own INFO's included."""
-    return sum(int(stat["usec"]) for stat in client.info("commandstats").values())
+def _redis_usec(client) -> tuple[int, int]:
+    """Microseconds Redis spent in commands so far and the commands (``INFO commandstats``), its own INFO's
+    included."""
+    stats = client.info("commandstats").values()
+    return sum(int(stat["usec"]) for stat in stats), sum(int(stat["calls"]) for stat in stats)
 
 
 def measure(root: Path, calls: int, warmup: int) -> dict[str, float]:
@@ -73,13 +75,17 @@ def measure(root: Path, calls: int, warmup: int) -> dict[str, float]:
             took.append(clock() - started)
             assert result.accepted, result
         cpu = time.process_time() - cpu
-        redis_us = _redis_usec(client) - redis_us
+        redis_us, commands = (after - before for after, before in zip(_redis_usec(client), redis_us, strict=True))
         took.sort()
         return {"p50_us": took[len(took) // 2] * 1e6, "p99_us": took[int(len(took) * 0.99)] * 1e6,
                 "mean_us": statistics.fmean(took) * 1e6, "caller_cpu_us": cpu / calls * 1e6,
-                "redis_us": redis_us / calls}
+                "redis_us": redis_us / calls, "redis_commands": commands / calls}
     finally:
         server.stop()
+
+
+def _shown(figures: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.2f}" if k == "redis_commands" else f"{k} {v:.0f}" for k, v in figures.items())
 
 
 def main() -> None:
@@ -101,12 +107,12 @@ def main() -> None:
                                   "--warmup", str(opts.warmup)], check=True, capture_output=True, text=True)
             figures = json.loads(out.stdout.strip().splitlines()[-1])
             rounds[root].append(figures)
-            print(f"round {number + 1} {root}: " + ", ".join(f"{k} {v:.0f}" for k, v in figures.items()))
+            print(f"round {number + 1} {root}: " + _shown(figures))
     for root, figures in rounds.items():
         medians = {k: statistics.median(f[k] for f in figures) for k in figures[0]}
         least = {k: min(f[k] for f in figures) for k in figures[0]}
-        print(f"median of {len(figures)} rounds {root}: " + ", ".join(f"{k} {v:.0f}" for k, v in medians.items()))
-        print(f"least of {len(figures)} rounds {root}: " + ", ".join(f"{k} {v:.0f}" for k, v in least.items()))
+        print(f"median of {len(figures)} rounds {root}: " + _shown(medians))
+        print(f"least of {len(figures)} rounds {root}: " + _shown(least))
 
 
 if __name__ == "__main__":

@@ -16,11 +16,13 @@ from celery import shared_task
 from lanes import keys
 from lanes.redis_client import get_redis
 from tasks.registry import handler
+from tools.bench_record import record_start
 
 CELERY_QUEUE = "bench-celery"
 
 
 def work(payload: dict) -> None:
+    record_start(payload, time.time())
     ms = payload.get("ms", 0) if isinstance(payload, dict) else 0
     if ms:
         time.sleep(ms / 1000)
@@ -42,6 +44,9 @@ def platform_work(payload: dict, ctx: Any) -> None:
 def platform_work_batch(items: list) -> list:
     """The batched path: one call for many tasks, whose I/O is one request (the first item's ``ms``)."""
     if items:
+        started = time.time()
+        for payload, _ctx in items[1:]:
+            record_start(payload, started)
         work(items[0][0])
     return [None] * len(items)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import redis
 
 from dispatchsite.redis_server import server_path
-
 from lanes.capacity import REDIS_CONFIG
 
 

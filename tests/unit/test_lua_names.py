@@ -65,3 +65,14 @@ def test_the_keys_built_in_python_use_the_same_suffixes():
     assert keys.chat_queue("c") == keys.CHAT_PREFIX + "{c}" + keys.CHAT_QUEUE_SUFFIX
     assert keys.task_record("t", "c") == keys.CHAT_PREFIX + "{c}" + keys.CHAT_RECORDS_SUFFIX + "t"
     assert keys.limit_instances("tg") == keys.LIMIT_PREFIX + keys.LIMIT_INSTANCES_INFIX + "tg"
+
+
+def test_admit_lua_and_its_wrapper_agree_on_the_layout():
+    from lanes.lua import admit
+
+    layout = r"local SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = (\d+), (\d+), (\d+)"
+    found = re.search(layout, (LUA_DIR / "admit.lua").read_text())
+    assert found and tuple(map(int, found.groups())) == (admit.SHARED_KEYS, admit.SHARED_ARGS, admit.ITEM_ARGS)
+    chunk = admit.Chunk("1", 0.0, "l", "t", True, 1, 1, 1, 1)
+    assert len(admit.shared_keys(chunk)) == admit.SHARED_KEYS
+    assert len(admit.shared_args(chunk, True)) == admit.SHARED_ARGS
