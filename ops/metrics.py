@@ -548,7 +548,14 @@ def snapshot(client: Redis | None = None, now: float | None = None,
                        "recent": read_recent_rejections(client)},
         "dead_letters_total": sum(dead.values()),
         "redis_memory": read_memory(client, sum(g.waiting for g in gauges.values()), settings.DISPATCH_MEMORY_HIGH),
+        "stuck_threads": stuck_threads(lane_consumers.read_workers(client, now)),
     }
+
+
+def stuck_threads(beats: list[lane_consumers.Heartbeat]) -> dict[str, Any]:
+    """Threads still busy in a handler past its attempt's limit, per worker that has any (its lost capacity)."""
+    by_worker = {b.hostname: b.stuck for b in sorted(beats, key=lambda b: b.hostname) if b.stuck}
+    return {"total": sum(by_worker.values()), "by_worker": by_worker}
 
 
 def table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:

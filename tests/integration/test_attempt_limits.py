@@ -54,6 +54,18 @@ def test_a_thread_past_its_attempt_limit_is_retried_then_dead_lettered_and_its_c
     wait_until(lambda: json.loads(rc.get(keys.worker_heartbeat(f"{worker.name}@{_host()}")))["stuck"] == 2,
                timeout=10, what="two stuck threads in the heartbeat")
     assert beat["stuck"] >= 1
+    # ... and shown: the dashboard's data and manage.py lanes name the worker and its stuck threads.
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from ops import metrics
+
+    shown = metrics.snapshot()["stuck_threads"]
+    assert shown["by_worker"].get(f"{worker.name}@{_host()}") == 2, shown
+    out = StringIO()
+    call_command("lanes", stdout=out)
+    assert "threads stuck past their attempt's limit" in out.getvalue() and worker.name in out.getvalue()
     # And the worker kept its capacity: a new task runs at once on a replacement thread.
     fresh = dispatch.delay(name, {"n": "fresh"}, chat_id=unique("chat"))
     assert fresh.get(timeout=20) == {"n": "fresh"}

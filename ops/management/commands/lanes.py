@@ -68,6 +68,10 @@ class Command(BaseCommand):
         room = "unknown" if mem["room_tasks"] is None else f"{mem['room_tasks']:,} tasks"
         lines.append(f"redis memory: {mem['used_human']} used, admission refuses at {mem['limit_human']} "
                      f"({mem['limited_by']}); room: {room} at {mem['bytes_per_task']:.0f} bytes a task")
+        stuck = snap["stuck_threads"]
+        if stuck["total"]:
+            lines.append(f"threads stuck past their attempt's limit: {stuck['total']} ("
+                         + ", ".join(f"{w} {n}" for w, n in stuck["by_worker"].items()) + ")")
         rejected = snap["rejections"]["by_reason_15m"]
         if rejected:
             lines.append("rejections, last 15 min: " + ", ".join(
