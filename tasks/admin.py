@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -88,8 +89,8 @@ class TaskTypeForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance.pk and not self.is_bound:
             self.initial["limit_names"] = ", ".join(self.instance.limit_names())
-        # Batch fields left out of a post (a form from before batching) keep their defaults.
-        for name in ("batch_size", "batch_window_ms"):
+        # Fields left out of a post (a form from before batching, or before store_result) keep their defaults.
+        for name in ("batch_size", "batch_window_ms", "store_result"):
             self.fields[name].required = False
         defined = list(Limit.objects.values_list("name", flat=True)[:50])
         if defined:
@@ -101,9 +102,12 @@ class TaskTypeForm(forms.ModelForm):
     def clean_batch_window_ms(self) -> int:
         return self._or_default("batch_window_ms")
 
-    def _or_default(self, name: str) -> int:
+    def clean_store_result(self) -> str:
+        return self._or_default("store_result")
+
+    def _or_default(self, name: str) -> Any:
         value = self.cleaned_data.get(name)
-        if value is None:
+        if value is None or value == "":
             current = getattr(self.instance, name, None) if self.instance.pk else None
             return current if current is not None else TaskType._meta.get_field(name).get_default()
         return value
