@@ -1,0 +1,69 @@
+"""A chat id holding any printable character pops with its record named in the in-hand set.
+
+The record key sits in the message's headers as a JSON string, so a chat id with
+'"' or '\\' is escaped there; pop_more.lua read it with a pattern that stopped at the
+first backslash and named nothing, and recovery of that message fell back to the
+queued lease.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+from lanes import keys, leases
+from lanes.lua.pop_more import pop_more
+from tasks.cancel import cancel_task
+from tasks.dispatch import dispatch
+from tests.support.helpers import define, unique
+from tests.support.hypothesis_profile import bounded
+
+PRINTABLE = "".join(chr(c) for c in range(0x20, 0x7F))
+TYPE = unique("quoted-chat")
+LANE = unique("quoted")
+
+
+@pytest.fixture(scope="module")
+def chat_type(redis_server):
+    define(TYPE, lane=LANE, chat_scoped=True)
+    return TYPE
+
+
+def _commands(rc) -> dict[str, int]:
+    return {name: stats["calls"] for name, stats in rc.info("commandstats").items()}
+
+
+def _pop_and_check(rc, chat_id: str) -> dict[str, int]:
+    result = dispatch.delay(TYPE, {"x": 1}, chat_id=chat_id)
+    assert result.accepted, result
+    record = keys.task_record(result.task_id, chat_id)
+    in_hand = keys.process_in_hand(leases.process_id())
+    rc.delete(in_hand)
+    before = _commands(rc)
+    popped = pop_more(rc, LANE, keys.lane_queues(LANE), 4)
+    after = _commands(rc)
+    assert [named for _item, named in popped] == [record]
+    assert rc.smembers(in_hand) == {record.encode()}
+    # Cancelled (it never started), so the next example's chat starts empty.
+    assert cancel_task(result.task_id, "test over", chat_id=chat_id).outcome == "cancelled"
+    rc.delete(in_hand)
+    return {name: n - before.get(name, 0) for name, n in after.items() if n != before.get(name, 0)}
+
+
+def test_every_printable_character_alone_in_a_chat_id(rc, chat_type):
+    _pop_and_check(rc, "plain-chat")  # the script loaded once
+    plain = _pop_and_check(rc, "plain-chat")
+    for char in PRINTABLE:
+        # Quoted or not, the pop costs the same commands as a plain chat's.
+        assert _pop_and_check(rc, f"c{char}{char}\\{char}") == plain, repr(char)
+
+
+@settings(bounded(60), suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chat_id=st.text(alphabet=PRINTABLE, min_size=1, max_size=40))
+@example(chat_id='"')
+@example(chat_id="\\")
+@example(chat_id='a\\"b"\\\\')
+def test_any_printable_chat_id_pops_with_its_record_in_hand(rc, chat_type, chat_id):
+    _pop_and_check(rc, chat_id)
+
