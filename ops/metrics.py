@@ -461,9 +461,10 @@ def snapshot(client: Redis | None = None, now: float | None = None,
             consumers=holders.get(lane.name, []),
         ))
     window = merge(minutes)
+    totals = read_totals(client)
     limits = limit_stats.read_limits(
         client, now, rates=limit_stats.counter_rates(minutes, RATE_WINDOWS, elapsed, rate),
-        totals=limit_stats.counter_totals(read_totals(client)))
+        totals=limit_stats.counter_totals(totals))
     return {
         "generated_at": now,
         "lanes": [row.as_dict() for row in rows],
@@ -472,7 +473,15 @@ def snapshot(client: Redis | None = None, now: float | None = None,
         "rejections": {"by_reason_15m": rejections_by_reason(window)[:20],
                        "recent": read_recent_rejections(client)},
         "dead_letters_total": sum(dead.values()),
+        "chats_repaired": chats_repaired(totals),
     }
+
+
+def chats_repaired(totals: Counters) -> list[dict[str, Any]]:
+    """Chats the audit had to move on, by lane and cause, most first: each one is a bug to look into."""
+    rows = [{"lane": key[1], "cause": key[2], "count": int(n)} for key, n in totals.items()
+            if key[0] == "chats_repaired" and len(key) == 3]
+    return sorted(rows, key=lambda r: (-r["count"], r["lane"], r["cause"]))
 
 
 def table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,17 +1,36 @@
 -- audit.lua: repair chats whose head can no longer move (self-healing backstop).
 --
 -- KEYS[1] active chats index (zset)   KEYS[2] leases   KEYS[3] audit cursor
+-- KEYS[4] metrics totals   KEYS[5] metrics minute (a hand-over may gate the next head)
+-- KEYS[6] deadlines of waiting tasks (a running head republished waits again)
+-- KEYS[7] live processes (zset: host:pid -> liveness expiry ms)
+-- KEYS[8] vouched processes (zset: host:pid -> until ms)
 -- ARGV: 1 now ms, 2 chats per call, 3 queued lease ms, 4 chat key prefix
 --   ('dispatch:chat:'), 5 chat-waiting key prefix, 6 limits key prefix,
---   7 lane key prefix
--- KEYS[4] metrics totals   KEYS[5] metrics minute (a hand-over may gate the next head)
--- Returns {chats_checked, heads_handed_over, heads_republished, index_entries_dropped}
+--   7 lane key prefix, 8 held-set key prefix, 9 how long a head may be held
+--   (ms: attempt limit plus lease) by task type, as JSON, 10 the same for a type not named there,
+--   11 in-hand-set key prefix
+-- Returns {chats_checked, heads_handed_over, heads_republished, index_entries_dropped,
+--   then per repair: lane, chat id, task id, cause}; causes: 'vanished' / 'cancelled'
+--   (head record gone or cancelled: handed over), 'no_lease' (republished),
+--   'lost_copy' (queued, its copy gone: republished), 'owner_dead' / 'owner_gone' /
+--   'not_running' (running, its owner dead, unknown, or no longer holding it: republished).
+--   Each repair counts 'chats_repaired|<lane>|<cause>' (dispatch_chats_repaired_total).
 --
 -- Normal operation never needs this: admit, finish and the lease sweep keep
 -- every head moving. It covers what they cannot see: a head record that
--- vanished (a script aborted midway, or data lost to an fsync window) and a
--- head without a lease (a head waiting on a limit has none, by design: it is
--- left alone; a head sent for later and not due goes back to its delayed set). It walks the index with ZSCAN, a batch per call.
+-- vanished (a script aborted midway, or data lost to an fsync window), a head
+-- without a lease (a head waiting on a limit has none, by design: it is left
+-- alone; a head sent for later and not due goes back to its delayed set), and a
+-- head held past its type's attempt limit plus the lease:
+-- - queued, its lease parked by the sweep ('+inf': its copy was taken to wait in
+--   its lane list, which held messages) while the copy is not there: a worker
+--   took it and dropped it unclaimed (a claim that met Redis away, then acked);
+-- - running for an owner whose process is dead, unknown, or no longer holds it.
+-- The first pass that sees such a head notes it on the record ('aud': what it saw
+-- and when); a later pass repairs it if nothing moved since. A republished head
+-- stays the head (chat order kept); an old copy, if one survives, meets its claim
+-- (start.lua) and never runs twice. It walks the index with ZSCAN, a batch per call.
 
 local cursor = redis.call('GET', KEYS[3]) or '0'
 local scan = redis.call('ZSCAN', KEYS[1], cursor, 'COUNT', tonumber(ARGV[2]))
@@ -19,7 +38,65 @@ redis.call('SET', KEYS[3], scan[1])
 local now = tonumber(ARGV[1])
 local lease_until = now + tonumber(ARGV[3])
 lim_setup(ARGV[6], ARGV[7], KEYS[4], KEYS[5], now, KEYS[2], lease_until)
+local held_for = cjson.decode(ARGV[9])
+local held_default = tonumber(ARGV[10])
 local checked, handed, republished, dropped = 0, 0, 0, 0
+local repairs = {}
+
+local function repaired(lane, chat_id, task_id, cause)
+  lane = lane or ''
+  repairs[#repairs + 1] = lane
+  repairs[#repairs + 1] = chat_id
+  repairs[#repairs + 1] = task_id
+  repairs[#repairs + 1] = cause
+  count_to(KEYS[4], KEYS[5], 'chats_repaired|' .. lane .. '|' .. cause)
+end
+
+-- Whether a head in state ``st`` has been held too long by an owner that cannot move it:
+-- its cause, or nil. ``seen`` is what the record's note must say for the head not to have moved.
+local function stalled(record, st, lease, ttype)
+  local f = redis.call('HMGET', record, 'own', 'dlv', 'pub', 'aud', 'msg', 'q')
+  local seen, cause
+  if st == 'queued' and lease == 'inf' and f[5] then
+    seen = 'q|' .. (f[3] or '')
+  elseif st == 'running' and f[1] and f[1] ~= '' then
+    seen = 'r|' .. f[1] .. '|' .. (f[2] or '')
+  else
+    return nil
+  end
+  local note_seen, note_at = string.match(f[4] or '', '^(.*)|(%d+)$')
+  if note_seen ~= seen then
+    redis.call('HSET', record, 'aud', seen .. '|' .. now)
+    return nil
+  end
+  if now - tonumber(note_at) < (tonumber(held_for[ttype]) or held_default) then return nil end
+  if st == 'queued' then
+    -- Its copy, as publish_record wrote it, from the consuming end of its list.
+    local mark = string.find(f[5], '\0', 1, true)
+    local task_id = string.match(record, '([^:]+)$')
+    local copy = string.sub(f[5], 1, mark - 1) .. task_id .. '.' .. f[3] .. string.sub(f[5], mark + 1)
+    if redis.call('LPOS', f[6], copy, 'RANK', -1, 'MAXLEN', 1000) then return nil end
+    -- Or popped and not claimed yet by a live worker (waiting for a free slot).
+    for _, proc in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], now, '+inf')) do
+      if redis.call('SISMEMBER', ARGV[11] .. proc, record) == 1 then return nil end
+    end
+    cause = 'lost_copy'
+  else
+    local proc = string.match(f[1], '^(.*):[^:]*$') or f[1]
+    local alive = redis.call('ZSCORE', KEYS[7], proc)
+    if not alive then
+      cause = 'owner_gone'
+    elseif tonumber(alive) <= now and tonumber(redis.call('ZSCORE', KEYS[8], proc) or '0') <= now then
+      cause = 'owner_dead'
+    elseif redis.call('SISMEMBER', ARGV[8] .. proc, record) == 0 then
+      cause = 'not_running'
+    else
+      return nil  -- alive and holding it: an overrun, which its own worker ends (attempt limits)
+    end
+  end
+  return cause
+end
+
 local entries = scan[2]
 for i = 1, #entries, 2 do
   local chat_id = entries[i]
@@ -32,13 +109,17 @@ for i = 1, #entries, 2 do
     dropped = dropped + 1
   else
     local record = base .. 't:' .. head
-    local st = redis.call('HGET', record, 'st')
+    local r = redis.call('HMGET', record, 'st', 'lane', 'type')
+    local st, lane = r[1], r[2]
+    local lease = redis.call('ZSCORE', KEYS[2], record)
     if not st or st == 'cancelled' then
       -- Vanished, or cancelled while still the head (cancel.lua hands over in the same call,
       -- so only a script aborted midway leaves this; never republish it): the chat moves on.
-      hand_over(queue, chat_id, base .. 't:', KEYS[1], KEYS[2], lease_until, ARGV[5])
+      local next_id = hand_over(queue, chat_id, base .. 't:', KEYS[1], KEYS[2], lease_until, ARGV[5])
       handed = handed + 1
-    elseif st ~= 'limited' and not redis.call('ZSCORE', KEYS[2], record) then
+      if not lane and next_id ~= '' then lane = redis.call('HGET', base .. 't:' .. next_id, 'lane') end
+      repaired(lane, chat_id, head, st and 'cancelled' or 'vanished')
+    elseif st ~= 'limited' and not lease then
       local f = redis.call('HMGET', record, 'eta', 'dq')
       if st == 'scheduled' and tonumber(f[1]) > now then
         -- Sent for later and not due: back to its delayed set, never published early.
@@ -48,7 +129,21 @@ for i = 1, #entries, 2 do
         publish_record(record, KEYS[2], lease_until)
       end
       republished = republished + 1
+      repaired(lane, chat_id, head, 'no_lease')
+    elseif st == 'queued' or st == 'running' then
+      local cause = stalled(record, st, lease, r[3] or '')
+      if cause then
+        local deadline = st == 'running' and redis.call('HGET', record, 'dl')
+        publish_record(record, KEYS[2], lease_until)
+        -- A claim had taken it out of the deadlines set: it waits again (as sweep.lua does).
+        if deadline then waiting_add(KEYS[6], record, tonumber(deadline), ARGV[7], lane) end
+        redis.call('HDEL', record, 'aud')
+        republished = republished + 1
+        repaired(lane, chat_id, head, cause)
+      end
     end
   end
 end
-return {checked, handed, republished, dropped}
+local out = {checked, handed, republished, dropped}
+for _, v in ipairs(repairs) do out[#out + 1] = v end
+return out
