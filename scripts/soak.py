@@ -4,7 +4,8 @@ Each run starts two fault campaigns at once (``FAULTS_LONG=1``), each with its o
 Redis, workers and load, so each is the other's parallel load (the stall was seen
 only on a busy host): scenario 4 (Redis stopped 20 s) with liveness l1 and l2, and
 scenario 10 (all at once) with l3 and l4. It prints, per run and scenario, the
-stuck chats and messages the checker counted, and the evidence folder of any
+stuck chats and messages the checker counted, the chats the audit had to repair
+(``lane|cause``: each one the stall's cause at work, caught), and the evidence folder of any
 scenario that failed (tests/faults/conftest.py keeps it). Rows go to
 ``test-artifacts/soak.jsonl`` as they come, so a soak stopped early keeps what it saw.
 
@@ -68,7 +69,8 @@ def main() -> int:
                 total_stuck += stuck
                 line = {"run": run, "scenario": row["id"], "stuck_chats": stuck, "stuck_messages": row.get("stuck"),
                         "lost": row.get("lost"), "order": row.get("order_violations"),
-                        "accepted": row.get("accepted"), "drain_s": row.get("drain_s")}
+                        "accepted": row.get("accepted"), "drain_s": row.get("drain_s"),
+                        "repaired": row.get("extra", {}).get("chats_repaired", {})}
                 with open(out, "a") as fh:
                     fh.write(json.dumps({**line, "at": time.strftime("%H:%M:%S")}) + "\n")
                 print("soak: " + " ".join(f"{k}={v}" for k, v in line.items()), flush=True)

@@ -360,6 +360,10 @@ def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: st
     report.drain_s = drain_s
     cluster.checked = {"ops": ops, "deliveries": seen, "dead": dead, "report": report,
                        "dispatched_at": {k: t for load in loads for k, t in load.dispatched_at().items()}}
+    repaired = {k.decode().split("|", 1)[1]: int(v) for k, v in cluster.client().hgetall(keys.METRICS_TOTAL).items()
+                if k.startswith(b"chats_repaired|")}
+    if repaired:  # the chat audit moved a stuck chat on: a defect somewhere else, even when nothing was stuck
+        report.extra["chats_repaired"] = repaired
     residue = cluster.residue(lanes)
     if residue:
         report.notes.append(f"left in Redis after the drain: {residue}")
