@@ -23,7 +23,7 @@ test: $(STAMP)
 faults: $(STAMP)
 	@FAULTS_LONG=1 $(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
 
-# Scenarios 4 and 10 and the liveness ones, SOAK_RUNS times (default 5), two campaigns at once;
+# Scenarios 4, 10 and S1 and the liveness ones, SOAK_RUNS times (default 5), two campaigns at once;
 # prints the stuck chats of each run (scripts/soak.py). Long: about 4 minutes a run.
 soak: $(STAMP)
 	@$(BIN)/python scripts/soak.py

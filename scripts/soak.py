@@ -2,8 +2,9 @@
 
 Each run starts two fault campaigns at once (``FAULTS_LONG=1``), each with its own
 Redis, workers and load, so each is the other's parallel load (the stall was seen
-only on a busy host): scenario 4 (Redis stopped 20 s) with liveness l1 and l2, and
-scenario 10 (all at once) with l3 and l4. It prints, per run and scenario, the
+only on a busy host): scenario 4 (Redis stopped 20 s) with liveness l1 and l2 and S1
+(claims that meet Redis down, tests/faults/test_stall.py), and scenario 10 (all at once)
+with l3 and l4. It prints, per run and scenario, the
 stuck chats and messages the checker counted, the chats the audit had to repair
 (``lane|cause``: each one the stall's cause at work, caught), and the evidence folder of any
 scenario that failed (tests/faults/conftest.py keeps it). Rows go to
@@ -25,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts"
-GROUPS = ("test_04_sigstop or test_l1 or test_l2", "test_10_all_at_once or test_l3 or test_l4")
+GROUPS = ("test_04_sigstop or test_l1 or test_l2 or test_s1", "test_10_all_at_once or test_l3 or test_l4")
 
 
 def chats_of(row: dict) -> int:
