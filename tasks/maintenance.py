@@ -114,10 +114,11 @@ def reclaim_dead() -> int:
 
 
 def audit_chats(batch: int = 200, now_ms: int | None = None) -> list[int]:
-    """Check a batch of active chats for a head that cannot move, and repair it; see audit.lua.
+    """Check a batch of active chats for a head that cannot move, and a batch of parked leases for a
+    task whose copy was lost unclaimed, and repair them; see audit.lua.
 
-    A head may be held for its type's attempt limit plus the lease before an owner that
-    cannot move it (dead, unknown, no longer holding it; or a copy dropped unclaimed)
+    A task may be held for its type's attempt limit plus the lease before an owner that
+    cannot move it (dead, unknown, no longer holding it; or a copy lost unclaimed)
     counts as stuck. Every repair is a bug somewhere else: it is logged, counted
     (``dispatch_chats_repaired_total``) and written to the lane's event log.
     """
@@ -130,7 +131,7 @@ def audit_chats(batch: int = 200, now_ms: int | None = None) -> list[int]:
     if any(counts[1:]):
         logger.warning("chat_audit_repaired checked=%d handed_over=%d republished=%d dropped=%d", *counts)
     for repair in result.repairs:
-        logger.error("chat_repaired lane=%s chat=%r task=%s cause=%s", *repair)
+        logger.error("task_repaired lane=%s chat=%r task=%s cause=%s", *repair)
     if result.repairs:
         _log_repairs(result.repairs)
     return counts
@@ -141,7 +142,8 @@ def _log_repairs(repairs: list[Repair]) -> None:
     try:
         LaneEvent.objects.bulk_create([
             LaneEvent(lane=r.lane[:64], action="chat_repaired", actor="audit",
-                      detail=f"chat {r.chat!r}: head {r.task_id} moved on ({r.cause}: {REPAIR_CAUSES.get(r.cause)})")
+                      detail=(f"chat {r.chat!r}: head " if r.chat else "task ")
+                      + f"{r.task_id} moved on ({r.cause}: {REPAIR_CAUSES.get(r.cause)})")
             for r in repairs])
     except Exception:  # the repair is done; a note that could not be written never stops maintenance
         logger.warning("chat_repair_event_failed repairs=%d", len(repairs), exc_info=True)
@@ -152,7 +154,7 @@ REPAIR_CAUSES = {
     "vanished": "its record was gone",
     "cancelled": "it was cancelled but still the head",
     "no_lease": "it had no lease",
-    "lost_copy": "queued, its copy in no list and no worker's hand",
+    "lost_copy": "queued, its copy taken by a worker and lost unclaimed",
     "owner_dead": "its owner's process is dead",
     "owner_gone": "its owner's process is unknown",
     "not_running": "its owner no longer holds it",

@@ -5,13 +5,14 @@
 -- KEYS[6] deadlines of waiting tasks (a running head republished waits again)
 -- KEYS[7] live processes (zset: host:pid -> liveness expiry ms)
 -- KEYS[8] vouched processes (zset: host:pid -> until ms)
+-- KEYS[9] where the walk of parked leases goes on from (an offset)
 -- ARGV: 1 now ms, 2 chats per call, 3 queued lease ms, 4 chat key prefix
 --   ('dispatch:chat:'), 5 chat-waiting key prefix, 6 limits key prefix,
 --   7 lane key prefix, 8 held-set key prefix, 9 how long a head may be held
 --   (ms: attempt limit plus lease) by task type, as JSON, 10 the same for a type not named there,
---   11 in-hand-set key prefix
+--   11 parked leases looked at per call
 -- Returns {chats_checked, heads_handed_over, heads_republished, index_entries_dropped,
---   then per repair: lane, chat id, task id, cause}; causes: 'vanished' / 'cancelled'
+--   then per repair: lane, chat id ('' for a task of no chat), task id, cause}; causes: 'vanished' / 'cancelled'
 --   (head record gone or cancelled: handed over), 'no_lease' (republished),
 --   'lost_copy' (queued, its copy gone: republished), 'owner_dead' / 'owner_gone' /
 --   'not_running' (running, its owner dead, unknown, or no longer holding it: republished).
@@ -22,15 +23,20 @@
 -- vanished (a script aborted midway, or data lost to an fsync window), a head
 -- without a lease (a head waiting on a limit has none, by design: it is left
 -- alone; a head sent for later and not due goes back to its delayed set), and a
--- head held past its type's attempt limit plus the lease:
+-- head held past its type's attempt limit plus the lease running for an owner
+-- whose process is dead, unknown, or no longer holds it. Beside the chats it walks
+-- the parked leases, a batch per call, for a task (a chat's head, or of no chat) held as long:
 -- - queued, its lease parked by the sweep ('+inf': its copy was taken to wait in
---   its lane list, which held messages) while the copy is not there: a worker
---   took it and dropped it unclaimed (a claim that met Redis away, then acked);
--- - running for an owner whose process is dead, unknown, or no longer holds it.
+--   its lane list, which held messages) while the copy is not there: a live
+--   worker took it and lost it unclaimed (FAULTS.md, the stuck chat of scenarios
+--   4 and 10: its claim met Redis away and the task was acked, or its pop's
+--   reply was lost, the record left named in the live worker's in-hand set).
 -- The first pass that sees such a head notes it on the record ('aud': what it saw
 -- and when); a later pass repairs it if nothing moved since. A republished head
 -- stays the head (chat order kept); an old copy, if one survives, meets its claim
--- (start.lua) and never runs twice. It walks the index with ZSCAN, a batch per call.
+-- (start.lua) and never runs twice. A task of no chat republished is not counted as
+-- a chat repaired in the reply's counts, only in its repairs. It walks the index
+-- with ZSCAN, a batch per call.
 
 local cursor = redis.call('GET', KEYS[3]) or '0'
 local scan = redis.call('ZSCAN', KEYS[1], cursor, 'COUNT', tonumber(ARGV[2]))
@@ -75,11 +81,11 @@ local function stalled(record, st, lease, ttype)
     local mark = string.find(f[5], '\0', 1, true)
     local task_id = string.match(record, '([^:]+)$')
     local copy = string.sub(f[5], 1, mark - 1) .. task_id .. '.' .. f[3] .. string.sub(f[5], mark + 1)
+    -- Not there: a worker took it, and a live one's in-hand set may still name it, but
+    -- none holds it any more this long after its lease (a popped message waits in a
+    -- worker's memory at most for one attempt to free its slot). A copy that does
+    -- survive somewhere meets the claim of this one (start.lua) and never runs twice.
     if redis.call('LPOS', f[6], copy, 'RANK', -1, 'MAXLEN', 1000) then return nil end
-    -- Or popped and not claimed yet by a live worker (waiting for a free slot).
-    for _, proc in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], now, '+inf')) do
-      if redis.call('SISMEMBER', ARGV[11] .. proc, record) == 1 then return nil end
-    end
     cause = 'lost_copy'
   else
     local proc = string.match(f[1], '^(.*):[^:]*$') or f[1]
@@ -130,10 +136,10 @@ for i = 1, #entries, 2 do
       end
       republished = republished + 1
       repaired(lane, chat_id, head, 'no_lease')
-    elseif st == 'queued' or st == 'running' then
+    elseif st == 'running' then
       local cause = stalled(record, st, lease, r[3] or '')
       if cause then
-        local deadline = st == 'running' and redis.call('HGET', record, 'dl')
+        local deadline = redis.call('HGET', record, 'dl')
         publish_record(record, KEYS[2], lease_until)
         -- A claim had taken it out of the deadlines set: it waits again (as sweep.lua does).
         if deadline then waiting_add(KEYS[6], record, tonumber(deadline), ARGV[7], lane) end
@@ -142,6 +148,21 @@ for i = 1, #entries, 2 do
         repaired(lane, chat_id, head, cause)
       end
     end
+  end
+end
+
+-- The parked leases, from where the last call stopped (the offset wraps at the end).
+local want = tonumber(ARGV[11])
+local offset = tonumber(redis.call('GET', KEYS[9]) or '0')
+local parked = redis.call('ZRANGEBYSCORE', KEYS[2], '+inf', '+inf', 'LIMIT', offset, want)
+redis.call('SET', KEYS[9], #parked < want and 0 or offset + #parked)
+for _, record in ipairs(parked) do
+  local r = redis.call('HMGET', record, 'st', 'lane', 'type', 'chat')
+  if r[1] == 'queued' and stalled(record, 'queued', 'inf', r[3] or '') then
+    publish_record(record, KEYS[2], lease_until)
+    redis.call('HDEL', record, 'aud')
+    if r[4] and r[4] ~= '' then republished = republished + 1 end
+    repaired(r[2], r[4] or '', string.match(record, '([^:]+)$'), 'lost_copy')
   end
 end
 local out = {checked, handed, republished, dropped}

@@ -33,11 +33,14 @@ def _held_ms() -> int:
 
 
 def _audit_until(rc, now_ms: int) -> None:
-    """Two audit passes over every chat: the first notes what it sees, the second (past the hold) repairs."""
-    rc.delete(keys.CHAT_AUDIT_CURSOR)
-    audit_chats(batch=100_000, now_ms=now_ms)
-    rc.delete(keys.CHAT_AUDIT_CURSOR)
-    audit_chats(batch=100_000, now_ms=now_ms + _held_ms() + 1000)
+    """Two audit walks over every chat and every parked lease: the first notes what it sees, the
+    second (past the hold) repairs."""
+    for at in (now_ms, now_ms + _held_ms() + 1000):
+        rc.delete(keys.CHAT_AUDIT_CURSOR, keys.PARKED_AUDIT_CURSOR)
+        for _ in range(1000):
+            audit_chats(batch=100_000, now_ms=at)
+            if not int(rc.get(keys.PARKED_AUDIT_CURSOR) or 0):
+                break
 
 
 def _claim(record: str, task_id: str, chat: str, owner: str, now: float, lease_ms: int) -> list:
@@ -52,13 +55,15 @@ def _finish(record: str, task_id: str, chat: str, owner: str, now: float) -> lis
                   execution_latency_bucket="", execution_latency_s=0.0, owner=owner, settle_lease_ms=10_000)
 
 
-def test_a_head_dropped_unclaimed_after_its_pop_is_republished_and_its_chat_runs_in_order(rc, start_worker,
-                                                                                         admin_client):
-    """The recorded stall (FAULTS.md): a worker pops the head (named in its in-hand set), its claim
-    meets Redis away, the task fails and its message is acked (the in-hand entry goes at the next
-    beat); the record stays 'queued' under its queued lease; when that runs out the sweep finds the
-    lane list holding other messages and parks the lease ('+inf'), taking the copy to wait there.
-    Nothing looks at it again until its deadline."""
+@pytest.mark.parametrize("lost", ["acked", "left_in_hand"])
+def test_a_head_lost_unclaimed_after_its_pop_is_republished_and_its_chat_runs_in_order(rc, start_worker,
+                                                                                       admin_client, lost):
+    """The recorded stall (FAULTS.md): a live worker pops the head (named in its in-hand set) and
+    loses it unclaimed: its claim met Redis away and the failed task was acked (the in-hand entry
+    goes at the next beat: ``acked``), or the pop's reply was lost, or the ack went with a dropped
+    broker channel (the entry stays: ``left_in_hand``). The record stays 'queued' under its queued
+    lease; when that runs out the sweep finds the lane list holding other messages and parks the
+    lease ('+inf'), taking the copy to wait there. Nothing looked at it again until its deadline."""
     name, lane = unique("stuck-head"), unique("l-stuck")
     define(name, lane=lane, chat_scoped=True, attempt_timeout=ATTEMPT_S, timeout=600)
     chat, other = unique("chat"), unique("other")
@@ -69,7 +74,8 @@ def test_a_head_dropped_unclaimed_after_its_pop_is_republished_and_its_chat_runs
     in_hand = keys.process_in_hand(leases.process_id())
     popped = pop_more(rc, lane, keys.lane_queues(lane), 1)
     assert [record for _msg, record in popped] == [head]
-    rc.srem(in_hand, head)  # acked without a claim: the beat's SREM of what is out of hand
+    if lost == "acked":
+        rc.srem(in_hand, head)  # the beat's SREM of what is out of hand
     now_ms = int(time.time() * 1000) + int(settings.DISPATCH_QUEUED_LEASE_S * 1000) + 1000
     sweep(now_ms=now_ms, batch=10_000, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
     assert rc.zscore(keys.LEASES, head) == float("inf")  # parked: its copy taken to wait in the list
@@ -81,6 +87,7 @@ def test_a_head_dropped_unclaimed_after_its_pop_is_republished_and_its_chat_runs
     assert _repaired(rc, lane, "lost_copy") == before + 1
     # The bystander's head waits in its list with its copy: left alone.
     assert rc.zscore(keys.LEASES, keys.task_record(bystander.task_id, other)) == float("inf")
+    rc.srem(in_hand, head)
     event = LaneEvent.objects.filter(lane=lane, action="chat_repaired").get()
     assert sent[0].task_id in event.detail and "lost_copy" in event.detail
     # Counted for Prometheus, and shown on the dashboard (a repair is a bug report).
@@ -95,6 +102,27 @@ def test_a_head_dropped_unclaimed_after_its_pop_is_republished_and_its_chat_runs
                what="the repaired chat's three tasks")
     done = dict(TaskResult.objects.filter(task_id__in=ids).values_list("task_id", "date_done"))
     assert sorted(ids, key=done.__getitem__) == ids
+
+
+def test_a_task_of_no_chat_lost_unclaimed_after_its_pop_is_republished(rc):
+    """The same loss for a task of no chat: it waited for its deadline too (and held any limit slot)."""
+    name, lane = unique("stuck-plain"), unique("l-stuck-plain")
+    define(name, lane=lane, attempt_timeout=ATTEMPT_S, timeout=600)
+    lost, bystander = (dispatch.delay(name, {"i": i}) for i in range(2))
+    record = keys.task_record(lost.task_id)
+    assert [r for _m, r in pop_more(rc, lane, keys.lane_queues(lane), 1)] == [record]  # its reply lost
+    now_ms = int(time.time() * 1000) + int(settings.DISPATCH_QUEUED_LEASE_S * 1000) + 1000
+    sweep(now_ms=now_ms, batch=10_000, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
+    assert rc.zscore(keys.LEASES, record) == float("inf")
+    before = _repaired(rc, lane, "lost_copy")
+    _audit_until(rc, now_ms)
+    assert _repaired(rc, lane, "lost_copy") == before + 1
+    copies = [m for q in keys.lane_queues(lane) for m in rc.lrange(q, 0, -1)]
+    assert len(copies) == 2 and any(lost.task_id.encode() in m for m in copies)
+    assert rc.zscore(keys.LEASES, keys.task_record(bystander.task_id)) == float("inf")  # its copy waits
+    rc.srem(keys.process_in_hand(leases.process_id()), record)
+    event = LaneEvent.objects.filter(lane=lane, action="chat_repaired").get()
+    assert event.detail.startswith(f"task {lost.task_id} ")
 
 
 @pytest.mark.parametrize("cause", ["not_running", "owner_dead", "owner_gone"])

@@ -5,7 +5,8 @@ Workers are modelled (each a process id with an in-hand and a held set, beating 
 renewing its leases on a clock the test moves); everything they do is a script call: pop_more,
 start, finish, retry, cancel, and the maintenance steps (sweep, reclaim, audit, expire, promote,
 limits). Faults: a worker dies holding messages, a claim never reaches Redis, a script's reply is
-lost after it ran, an attempt overruns, leases run out (the clock jumps). After every step: no chat
+lost after it ran (a pop's, a claim's, a finish's), an attempt overruns, leases run out (the clock
+jumps). After every step: no chat
 has two tasks in flight, each chat's queue keeps its dispatch order, every accepted task is in one
 place its state names (queued, in hand, running, delayed, limited, finished). At the end, once the
 faults stop and maintenance runs for a lease and a sweep, every accepted task has finished or is dead.
@@ -292,8 +293,11 @@ class LivenessModel(RuleBasedStateMachine):
         elif step == "reclaim":
             reclaim(now_ms=now, max_processes=50, queued_lease_ms=QUEUED_MS)
         elif step == "audit":
-            self.rc.delete(keys.CHAT_AUDIT_CURSOR)
-            audit_chats(batch=100_000, now_ms=now)
+            self.rc.delete(keys.CHAT_AUDIT_CURSOR, keys.PARKED_AUDIT_CURSOR)
+            for _ in range(1000):  # every chat and every parked lease
+                audit_chats(batch=100_000, now_ms=now)
+                if not int(self.rc.get(keys.PARKED_AUDIT_CURSOR) or 0):
+                    break
         elif step == "expire":
             expire_due()
         elif step == "promote":
@@ -327,6 +331,14 @@ class LivenessModel(RuleBasedStateMachine):
         if ran:
             self._claim(worker, record, msg)  # the reply dropped
         self._ack(worker, index)
+
+    @precondition(lambda self: self.faults)
+    @rule(w=st.integers(0, 1), room=st.integers(1, 3))
+    def pop_unanswered(self, w: int, room: int) -> None:
+        """The pop ran and its reply was lost: the worker never saw the messages, which its in-hand set
+        names while it lives on."""
+        with as_process(self.workers[w].proc):
+            pop_more(self.rc, self.lane, self.lists, room)
 
     @precondition(lambda self: self.faults and any(w.running for w in self.workers))
     @rule(w=st.integers(0, 1), i=st.integers(0, 5))
