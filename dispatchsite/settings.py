@@ -243,6 +243,16 @@ DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
 #: other live worker consumes, lanes created at run time included (lanes.worker).
 DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")
 
+#: On a thread-pool worker, run plain handlers' platform messages in groups (tasks.grouping):
+#: claims, finishes and result rows once per group, without Celery's per-message request. Off:
+#: every message takes Celery's request path (the same outcomes; a test compares the two).
+DISPATCH_GROUPING = env_bool("DISPATCH_GROUPING", True)
+#: A grouping worker's prefetch multiplier (messages it holds per thread; Celery's own default is 4).
+DISPATCH_GROUP_PREFETCH = int(os.environ.get("DISPATCH_GROUP_PREFETCH", "4"))
+#: Threads a grouping worker may have stuck in handlers past their attempt limit before it takes no
+#: more work and shuts down warm for a fresh one (0: the worker's concurrency).
+DISPATCH_STUCK_THREADS_MAX = int(os.environ.get("DISPATCH_STUCK_THREADS_MAX", "0"))
+
 CELERY_BROKER_URL = _broker_url(REDIS_URL, REDIS_PASSWORD) if REDIS_SENTINEL else REDIS_URL
 # django-celery-results' table, written with one upsert per task (tasks.results).
 CELERY_RESULT_BACKEND = "tasks.results.UpsertBackend"

@@ -32,7 +32,7 @@ HARD_LIMIT_GRACE_S = 5.0
 
 def hard_limit_grace_s() -> float:
     """Room after the soft limit: the grace, plus the outcome call's retries (two leases,
-    ``tasks.execution._until_answered``) and a Redis timeout on each side of them.
+    ``tasks.execution.until_answered``) and a Redis timeout on each side of them.
 
     A hard limit inside that window killed a prefork child that waited for a frozen
     Redis to record its outcome; killed while writing its result to the pool's pipe,

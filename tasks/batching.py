@@ -20,16 +20,15 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from types import SimpleNamespace
 from typing import Any
 
 from billiard.exceptions import SoftTimeLimitExceeded
 from celery import Task, states
+from celery.app.task import Context as CeleryContext
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
 from lanes import leases
-from lanes.histogram import bucket_label
 from lanes.lua.claim_batch import claim_batch
 from lanes.lua.finish_batch import DoneItem, Latencies, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
@@ -40,14 +39,14 @@ from tasks.context import BatchItem, Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
 from tasks.execution import (
     _ROW_STATE,
+    Attempt,
     HandlerTask,
-    _bounded,
-    _portable,
-    _Run,
     _time_limit,
-    _tombstone_ttl_s,
-    _until_answered,
+    bounded_result,
     execute,
+    portable_exception,
+    tombstone_ttl_s,
+    until_answered,
 )
 
 logger = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ class BatchHandlerTask(HandlerTask):
 
 def run(task: Task, env: Envelope, payload: dict) -> Any:
     """Run the delivered task and the tasks it gathers; return (or raise) the delivered task's outcome."""
-    leader = _Run(task, env, payload)
+    leader = Attempt(task, env, payload)
     now = time.time()
     version = leader._claim(now)
     tc = config.ensure(version).types.get(env.type)
@@ -78,10 +77,10 @@ def run(task: Task, env: Envelope, payload: dict) -> Any:
     return _Batch(task, tc, items).run()
 
 
-def _gather(task: Task, tc: config.TypeConf, leader: _Run) -> list[_Run]:
+def _gather(task: Task, tc: config.TypeConf, leader: Attempt) -> list[Attempt]:
     """Claim up to ``batch_size - 1`` more ready tasks, waiting up to the window once for more."""
     want = tc.batch_size - 1
-    gathered: list[_Run] = []
+    gathered: list[Attempt] = []
     window_s = tc.batch_window_ms / 1000
     for round_ in range(2):
         if len(gathered) >= want:
@@ -109,7 +108,7 @@ def _gather(task: Task, tc: config.TypeConf, leader: _Run) -> list[_Run]:
     return gathered
 
 
-def _item_of(task: Task, raw: bytes, owner: str) -> _Run | None:
+def _item_of(task: Task, raw: bytes, owner: str) -> Attempt | None:
     """The claimed message as an item (its own id, envelope and request); a malformed one is dead-lettered."""
     try:
         message = json.loads(raw)
@@ -122,18 +121,18 @@ def _item_of(task: Task, raw: bytes, owner: str) -> _Run | None:
     except (ValueError, TypeError, KeyError) as exc:
         logger.error("batch_item_malformed error=%r", exc)
         return None  # its claim's lease runs out; the single path then dead-letters it as malformed
-    request = SimpleNamespace(
+    request = CeleryContext(
         task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
         hostname=getattr(task.request, "hostname", None), periodic_task_name=None, meta={}, children=[],
         dispatch_settle=None,
     )
-    item = _Run(task, env, payload, task_id=headers["id"], request=request)
+    item = Attempt(task, env, payload, task_id=headers["id"], request=request)
     item.owner = owner
     return item
 
 
 class _Batch:
-    def __init__(self, task: Task, tc: config.TypeConf, items: list[_Run]) -> None:
+    def __init__(self, task: Task, tc: config.TypeConf, items: list[Attempt]) -> None:
         self.task = task
         self.tc = tc
         self.items = items
@@ -142,12 +141,12 @@ class _Batch:
     def run(self) -> Any:
         now = time.time()
         leader_outcome: tuple[str, Any] = ("none", None)
-        rows: list[tuple[_Run, Any, str]] = []  # (extra item, result or exception, row state)
+        rows: list[tuple[Attempt, Any, str]] = []  # (extra item, result or exception, row state)
         for item in self.items:
             leases.hold(item.record)
         try:
             outcomes = self._call(now)
-            done: list[tuple[_Run, Any, str]] = []
+            done: list[tuple[Attempt, Any, str]] = []
             for item, outcome in zip(self.items, outcomes, strict=True):
                 kind, value = self._settle_one(item, outcome)
                 if kind == "done":
@@ -217,7 +216,7 @@ class _Batch:
         return outcomes
 
     # -- each item's outcome ---------------------------------------------------
-    def _settle_one(self, item: _Run, outcome: Any) -> tuple[str, Any]:
+    def _settle_one(self, item: Attempt, outcome: Any) -> tuple[str, Any]:
         """('done', (result, json)) | ('dead'|'retry'|'skipped', exception raised by the single path's step)."""
         try:
             if isinstance(outcome, _Expired):
@@ -238,7 +237,7 @@ class _Batch:
             return "skipped", ignore
         raise AssertionError("unreachable: _die and _failed raise")
 
-    def _finish_done(self, done: list[tuple[_Run, Any, str]], now: float) -> list[tuple[_Run, Any, str]]:
+    def _finish_done(self, done: list[tuple[Attempt, Any, str]], now: float) -> list[tuple[Attempt, Any, str]]:
         """Finish the succeeded items in one call; returns those whose outcome is theirs to store."""
         extras = self.items[1:]
         qlat = _latencies([(it.started_at or now) - it.env.ready_at for it in extras if it.env.attempt == 1])
@@ -246,15 +245,15 @@ class _Batch:
             return []
         finished_at = time.time()
         elapsed = finished_at - now
-        reply = _until_answered(lambda: finish_batch(
-            items=[DoneItem(it.task_id, it.record, it.env.chat, _bounded(result_json), it.owner)
+        reply = until_answered(lambda: finish_batch(
+            items=[DoneItem(it.task_id, it.record, it.env.chat, bounded_result(result_json), it.owner)
                    for it, _, result_json in done],
-            now=finished_at, tombstone_ttl_s=_tombstone_ttl_s(),
+            now=finished_at, tombstone_ttl_s=tombstone_ttl_s(),
             queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
             settle_lease_ms=int(settings.DISPATCH_LEASE_S * 1000), metric_field=self.leader.field,
             execution=_latencies([elapsed] * len(done)), busy_s=elapsed if done else 0.0, queue=qlat,
         ), "finish_batch", self.leader.task_id)
-        stored: list[tuple[_Run, Any, str]] = []
+        stored: list[tuple[Attempt, Any, str]] = []
         for (item, result, _), answer in zip(done, reply, strict=True):
             if answer == "taken":
                 logger.warning("finish_skipped task=%s (taken by another worker)", item.task_id)
@@ -264,7 +263,7 @@ class _Batch:
             lifecycle.emit(lifecycle.task_finished, functools.partial(item._info, finished_at, outcome="succeeded"))
         return stored
 
-    def _store_rows(self, rows: list[tuple[_Run, Any, str]]) -> None:
+    def _store_rows(self, rows: list[tuple[Attempt, Any, str]]) -> None:
         """The extra items' result rows in one statement; then their finished records may be settled."""
         if not rows:
             return
@@ -273,7 +272,7 @@ class _Batch:
             encoded = []
             for item, value, state in rows:
                 if isinstance(value, Retry):
-                    value = _portable(value.exc) if value.exc is not None else RetryableError(str(value))
+                    value = portable_exception(value.exc) if value.exc is not None else RetryableError(str(value))
                 row, _ = backend.result_row(item.task_id, backend.encode_result(value, state), state,
                                             None, item.request)
                 encoded.append(row)
@@ -292,9 +291,5 @@ class _Expired(Exception):
 
 
 def _latencies(seconds: list[float]) -> Latencies:
-    buckets: dict[str, int] = {}
-    for s in seconds:
-        label = bucket_label(s)
-        buckets[label] = buckets.get(label, 0) + 1
-    return Latencies(buckets, sum(seconds))
+    return Latencies.of(seconds)
 

@@ -53,6 +53,8 @@ class HandlerTask(Task):
 
     typing = False
     acks_late = True
+    #: On a thread-pool worker, plain handlers' platform messages run in groups (tasks.grouping).
+    Strategy = "tasks.grouping:strategy"
     handler_func = None
     #: Set for a batched handler (``@handler(..., batch=True)``, bound on tasks.batching.BatchHandlerTask).
     batched = False
@@ -96,22 +98,29 @@ def execute(task: Task, args: tuple, kwargs: dict,
     try:
         if runner is not None:
             return runner(task, env, payload)
-        return _Run(task, env, payload).run()
-    except _Finished as finished:
+        return Attempt(task, env, payload).run()
+    except Finished as finished:
         return finished.result
 
 
-class _Finished(Exception):
+class Finished(Exception):
     def __init__(self, result: Any) -> None:
         self.result = result
 
 
-class _Run:
+class Attempt:
+    """One attempt of one delivered task, from its claim to its outcome in Redis: the owner of its lease.
+
+    ``run`` is the whole single path (Celery's request calls it through ``execute``); a
+    group of plain tasks (``tasks.grouping``) and a batch (``tasks.batching``) claim their
+    attempts together, then take the same steps: ``begin``, the handler, and the outcome
+    (``finish_done`` here, or ``finish_batch`` for many; ``_failed`` / ``_die`` for the rest).
+    """
+
     def __init__(self, task: Task, env: Envelope, payload: dict, task_id: str | None = None,
                  request: Any = None) -> None:
-        # ``task_id``/``request``: an item a batch claimed beside the delivered
-        # task (tasks.batching) has its own id, and a request of its own where
-        # the outcome to store is noted.
+        # ``task_id``/``request``: an item a group or batch claimed has its own id, and a request
+        # of its own where the outcome to store is noted.
         self.task = task
         self.env = env
         self.payload = payload
@@ -124,9 +133,23 @@ class _Run:
 
     # -- steps -------------------------------------------------------------
     def run(self) -> Any:
+        version = self._claim(time.time())
+        tc, ctx, limit = self.begin(version)
+        leases.hold(self.record)
+        try:
+            result, result_json = self._attempt(tc, ctx, limit)
+            self.finish_done(result_json)
+        finally:
+            leases.release(self.record)
+        return result
+
+    def begin(self, version: str, now: float | None = None) -> tuple[config.TypeConf, Context, float]:
+        """After the claim: the type in force, the deadline check, the handler's context and time limit.
+
+        Dead-letters (raises ``DeadLettered``) a task whose type is gone or whose deadline passed.
+        """
         env = self.env
-        now = time.time()
-        version = self._claim(now)
+        now = time.time() if now is None else now
         snap = config.ensure(version)
         tc = snap.types.get(env.type)
         if tc is None:
@@ -143,34 +166,45 @@ class _Run:
             metadata=env.meta or {}, options=tc.options, _record=self.record,
         )
         lifecycle.emit(lifecycle.task_started, lambda: self._info(now))
-        leases.hold(self.record)
-        try:
-            result, result_json = self._attempt(tc, ctx, limit)
-            self._finish("done", result_json, "")
-        finally:
-            leases.release(self.record)
-        finished_at = time.time()
+        return tc, ctx, limit
+
+    def finish_done(self, result_json: str) -> None:
+        """The attempt succeeded: its outcome in Redis (finish.lua), the chat handed on."""
+        self._finish("done", result_json, "")
+        self.emit_finished(time.time())
+
+    def emit_finished(self, finished_at: float) -> None:
+        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``)."""
         lifecycle.emit(lifecycle.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
-        return result
 
     def _attempt(self, tc: config.TypeConf, ctx: Context, limit: float) -> tuple[Any, str]:
         try:
-            with _time_limit(limit, self.task.request):
-                result = self.task.handler_func(self.payload, ctx)
-            return result, json.dumps(result)
-        except TaskCancelled as exc:
-            self._end_cancelled(self._cancel_detail() or str(exc))
-        except NonRetryableError as exc:
-            self._die("non_retryable", str(exc), exc)
-        except TypeError as exc:
-            if "not JSON serializable" in str(exc):
-                self._die("non_retryable", f"handler returned a value that is not JSON: {exc}", exc)
-            self._failed(tc, exc)
+            with _time_limit(limit, self.request):
+                returned = self.task.handler_func(self.payload, ctx)
         except SoftTimeLimitExceeded as exc:
-            self._failed(tc, AttemptTimeout(f"attempt ran past its {limit:.3f}s limit"), cause=exc)
+            return self.outcome_of(tc, AttemptTimeout(f"attempt ran past its {limit:.3f}s limit"), cause=exc)
         except BaseException as exc:  # noqa: BLE001 - contain SystemExit/KeyboardInterrupt from handlers too
-            self._failed(tc, exc)
-        raise AssertionError("unreachable: _failed and _die raise")
+            return self.outcome_of(tc, exc)
+        return self.outcome_of(tc, returned)
+
+    def outcome_of(self, tc: config.TypeConf, returned: Any,
+                   cause: BaseException | None = None) -> tuple[Any, str]:
+        """What the handler's return (a value, or the exception it raised) means: the value and its JSON
+        for a success; otherwise the failure's steps run here (retry, dead letter, cancel) and raise
+        what Celery would see (``Retry``, ``DeadLettered``, ``Ignore``)."""
+        exc = returned if isinstance(returned, BaseException) else None
+        if exc is None:
+            try:
+                return returned, json.dumps(returned)
+            except BaseException as encode_error:  # noqa: BLE001 - as a handler's own error
+                exc = encode_error
+        if isinstance(exc, TaskCancelled):
+            self._end_cancelled(self._cancel_detail() or str(exc))
+        if isinstance(exc, NonRetryableError):
+            self._die("non_retryable", str(exc), exc)
+        if isinstance(exc, TypeError) and "not JSON serializable" in str(exc):
+            self._die("non_retryable", f"handler returned a value that is not JSON: {exc}", exc)
+        self._failed(tc, exc, cause=cause)
 
     def _claim(self, now: float) -> str:
         env = self.env
@@ -216,7 +250,7 @@ class _Run:
             self.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
             logger.info("redelivery_of_finished task=%s outcome=%s", self.task_id, outcome)
             if outcome == "done":
-                raise _Finished(json.loads(result_json))
+                raise Finished(json.loads(result_json))
             raise DeadLettered(json.loads(result_json) or "dead letter")
         if status == "poison":
             self._die("poison", f"delivered {int(reply[1]) - 1} times; its worker died each time before finishing")
@@ -234,7 +268,7 @@ class _Run:
         next_env = replace(env, attempt=env.attempt + 1)
         soft_limit = min(tc.attempt_timeout_s, max(0.001, env.deadline - now))
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
-        reply = _until_answered(lambda: lua_retry(
+        reply = until_answered(lambda: lua_retry(
             record=self.record, lane=env.lane, now=now, next_attempt=next_env.attempt, message=message,
             due=now + decision.delay_s, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
             metric_field=self.field, owner=self.owner, retry_after_s=retry_after,
@@ -248,7 +282,7 @@ class _Run:
                     self.task_id, env.attempt, decision.delay_s, exc)
         lifecycle.emit(lifecycle.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
                                                            detail=str(exc)))
-        raise Retry(str(exc) or type(exc).__name__, exc=_portable(exc), when=decision.delay_s)
+        raise Retry(str(exc) or type(exc).__name__, exc=portable_exception(exc), when=decision.delay_s)
 
     def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> NoReturn:
         env = self.env
@@ -280,7 +314,7 @@ class _Run:
         would have been retried): it ends cancelled, its chat moves on, its row says REVOKED."""
         detail = detail or "cancelled"
         self._finish("cancelled", json.dumps(detail), "cancelled")
-        results.store_revoked(self.task_id, detail, request=self.task.request)
+        results.store_revoked(self.task_id, detail, request=self.request)
         leases.settle(self.record)
         results.announce_revoked(self.task_id)
         ended_at = time.time()
@@ -293,9 +327,9 @@ class _Run:
         env = self.env
         now = time.time()
         xlat = now - self.started_at if self.started_at else None
-        reply = _until_answered(lambda: lua_finish(
+        reply = until_answered(lambda: lua_finish(
             task_id=self.task_id, record=self.record, chat=env.chat, outcome=outcome,
-            result_json=_bounded(result_json), now=now, tombstone_ttl_s=_tombstone_ttl_s(),
+            result_json=bounded_result(result_json), now=now, tombstone_ttl_s=tombstone_ttl_s(),
             queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000), metric_field=self.field, reason=reason,
             execution_latency_bucket=bucket_label(xlat) if xlat is not None else "",
             execution_latency_s=xlat or 0, owner=self.owner, settle_lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
@@ -364,7 +398,7 @@ _ROW_STATE = {"done": states.SUCCESS, "dead": states.FAILURE, "cancelled": state
 _UNANSWERED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
-def _until_answered(call: Callable[[], Any], step: str, task_id: str) -> Any:
+def until_answered(call: Callable[[], Any], step: str, task_id: str) -> Any:
     """Send an outcome call again until Redis answers (for up to two leases).
 
     The worker still holds the task's lease (its heartbeat renews it once Redis
@@ -398,16 +432,16 @@ def _text(result_json: str) -> str:
     return value if isinstance(value, str) else result_json
 
 
-def _bounded(result_json: str) -> str:
+def bounded_result(result_json: str) -> str:
     return result_json if len(result_json) <= TOMBSTONE_RESULT_MAX else "null"
 
 
-def _tombstone_ttl_s() -> int:
+def tombstone_ttl_s() -> int:
     """Long enough to outlive any copy still in the broker (restore or sweep)."""
     return int(max(settings.DISPATCH_QUEUED_LEASE_S, 4 * settings.DISPATCH_LEASE_S))
 
 
-def _portable(exc: BaseException) -> BaseException:
+def portable_exception(exc: BaseException) -> BaseException:
     """Celery stores the exception in the result backend: keep it JSON-friendly."""
     if isinstance(exc, Exception) and type(exc).__module__ in {"builtins", "tasks.errors"}:
         return exc

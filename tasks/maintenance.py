@@ -38,7 +38,7 @@ from lanes.redis_client import get_redis
 from tasks import config, dead_letters
 from tasks import signals as lifecycle
 from tasks.errors import DeadLettered
-from tasks.execution import _tombstone_ttl_s
+from tasks.execution import tombstone_ttl_s
 
 logger = logging.getLogger(__name__)
 BATCH = 500
@@ -176,7 +176,7 @@ def expire_due(batch: int = BATCH) -> int:
     """
     error = DeadLettered.because("expired", EXPIRED_DETAIL)
     reply = lua_expire(
-        now=time.time(), batch=batch, result_json=json.dumps(str(error)), tombstone_ttl_s=_tombstone_ttl_s(),
+        now=time.time(), batch=batch, result_json=json.dumps(str(error)), tombstone_ttl_s=tombstone_ttl_s(),
         queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
         retry_rows_ms=int(EXPIRED_ROWS_RETRY_S * 1000), search_depth=SWEEP_SEARCH_DEPTH,
     )

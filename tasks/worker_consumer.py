@@ -17,8 +17,9 @@ import time
 import uuid
 
 from celery.worker.consumer import Consumer as CeleryConsumer
+from django.conf import settings
 
-from tasks import dead_letters
+from tasks import dead_letters, grouping
 from tasks.worker_events import EVENT_FLUSH_INTERVAL
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,18 @@ class Consumer(CeleryConsumer):
     _events_flush_due = False  # a flush is scheduled on the event loop
     _events_flushed_at = 0.0
 
+    def __init__(self, *args, initial_prefetch_count=2, prefetch_multiplier=1, **kwargs):
+        # A grouping worker (tasks.grouping) claims what it receives at once and runs it on threads
+        # of its own: a deeper prefetch lets it take the next messages while the last ones finish
+        # (each hop between its threads waits for the scheduler), never more than it has claimed.
+        pool = kwargs.get("pool")
+        if settings.DISPATCH_GROUPING and type(pool).__module__ == "celery.concurrency.thread":
+            deeper = max(1, settings.DISPATCH_GROUP_PREFETCH)
+            initial_prefetch_count = initial_prefetch_count * deeper // max(1, prefetch_multiplier)
+            prefetch_multiplier = deeper
+        super().__init__(*args, initial_prefetch_count=initial_prefetch_count,
+                         prefetch_multiplier=prefetch_multiplier, **kwargs)
+
     def on_send_event_buffered(self) -> None:
         # Any thread (pool threads send task-started/succeeded). The flag is
         # cleared before a flush reads the buffer, so an event appended after
@@ -62,6 +75,21 @@ class Consumer(CeleryConsumer):
         self._events_flush_due = False
         self._events_flushed_at = time.monotonic()
         super()._flush_events()
+
+    def stop(self) -> None:
+        self._drain_groups()
+        super().stop()
+
+    def shutdown(self) -> None:
+        self._drain_groups()
+        super().shutdown()
+
+    def _drain_groups(self) -> None:
+        # A warm shutdown lets the grouped tasks this worker took end (bounded by a lease: past it,
+        # their leases bring them back anyway), as Celery lets its pool's tasks end.
+        runner = grouping.Runner.existing(self)
+        if runner is not None and not runner.drain(settings.DISPATCH_LEASE_S):
+            logger.warning("group_drain_timed_out: the tasks still running come back by their leases")
 
     def on_decode_error(self, message, exc):
         _record(message, f"cannot decode the message: {exc}")

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from lanes import counters, keys
+from lanes.histogram import bucket_label
 from lanes.lua.loader import call
 
 NAME = "finish_batch"
@@ -24,6 +25,14 @@ class Latencies(NamedTuple):
 
     buckets: dict[str, int]
     sum_s: float
+
+    @classmethod
+    def of(cls, seconds: Sequence[float]) -> Latencies:
+        buckets: dict[str, int] = {}
+        for s in seconds:
+            label = bucket_label(s)
+            buckets[label] = buckets.get(label, 0) + 1
+        return cls(buckets, sum(seconds))
 
 
 def finish_batch(

@@ -260,7 +260,7 @@ def test_malformed_messages_on_a_lane_are_recorded_not_run(start_worker, rc):
 
 def test_the_hard_limit_leaves_room_to_record_the_outcome_while_redis_is_away():
     """An attempt past its soft limit still records its outcome, retrying for up to two leases
-    while Redis is away (tasks.execution._until_answered). A hard limit inside that window
+    while Redis is away (tasks.execution.until_answered). A hard limit inside that window
     killed a prefork child waiting on a frozen Redis, mid-write to the pool's pipe: the
     worker's main process then stopped on UnpicklingError (fault scenario 4, intermittent)."""
     from django.conf import settings

@@ -1,0 +1,55 @@
+-- _claim.lua: claim one task's attempt (claim_record), included by start.lua (one task a call)
+-- and claim_group.lua (a worker's group of plain tasks a call).
+--
+-- ``c`` holds the call's constants: leases, config (the config version key), deadlines
+-- (the waiting tasks' deadlines set), procs (live processes), held (the claiming
+-- process's held set), now, lease_ms, max_dlv, process, liveness_ms, lane_prefix.
+-- Returns the reply as values: 'run', deliveries | 'finished', 'done|<result>' or
+-- 'dead|null' or 'cancelled|<detail JSON>' | 'gone' | 'stale' | 'busy', owner
+-- | 'nothead' | 'poison', deliveries.
+local function claim_record(c, record, task_id, attempt, owner, dead_owner, chat_queue, tombstone)
+  local f = redis.call('HMGET', record, 'st', 'att', 'own', 'chat', 'res', 'lane', 'dlv')
+  local st = f[1]
+  if not st then
+    local tomb = redis.call('GET', tombstone)
+    if tomb then return 'finished', tomb end
+    return 'gone'
+  end
+  if st == 'done' or st == 'dead' or st == 'cancelled' then
+    -- Finished (or cancelled), not yet settled: its worker (or canceller) may have died before the result row.
+    return 'finished', st .. '|' .. (f[5] or 'null')
+  end
+  -- A task waiting on a limit, or for its due time, has no message out: a copy is an old one.
+  if st == 'limited' or st == 'scheduled' or tonumber(attempt) < tonumber(f[2]) then return 'stale' end
+  -- A copy of a task this call already claimed (two deliveries in one group) is busy.
+  if c.seen[record] then return 'busy', c.seen[record] end
+  if st == 'running' and f[3] ~= owner and f[3] ~= dead_owner then
+    local lease = tonumber(redis.call('ZSCORE', c.leases, record) or '0')
+    if lease > c.now then return 'busy', f[3] end
+  end
+  if f[4] ~= '' and redis.call('LINDEX', chat_queue, 0) ~= task_id then
+    return 'nothead'
+  end
+  local dlv = tonumber(f[7] or '0') + 1
+  if dlv > c.max_dlv then
+    redis.call('HSET', record, 'dlv', dlv)
+    return 'poison', dlv
+  end
+  redis.call('HSET', record, 'st', 'running', 'own', owner, 'dlv', dlv)
+  waiting_remove(c.deadlines, record, c.lane_prefix, f[6])
+  c.leased[#c.leased + 1] = c.now + c.lease_ms
+  c.leased[#c.leased + 1] = record
+  c.claimed[#c.claimed + 1] = record
+  c.seen[record] = owner
+  return 'run', dlv
+end
+
+-- The writes every claim of a call shares, once: the leases, the claiming process's held set
+-- (reclaim.lua finds its records there once the process is dead), and its liveness entry if it
+-- has not beaten yet (liveness_ms 0: it has, its beat keeps it).
+local function claim_flush(c)
+  if #c.claimed == 0 then return end
+  redis.call('ZADD', c.leases, unpack(c.leased))
+  redis.call('SADD', c.held, unpack(c.claimed))
+  if c.liveness_ms > 0 then redis.call('ZADD', c.procs, 'NX', c.now + c.liveness_ms, c.process) end
+end
