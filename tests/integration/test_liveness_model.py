@@ -399,6 +399,11 @@ class LivenessModel(RuleBasedStateMachine):
         """Faults stop; maintenance runs for a lease and a sweep each round, and a healthy worker takes
         what is published: within ``ROUNDS`` every accepted task has finished or is dead."""
         self.faults = False
+        # The live workers end what they hold (an attempt that never ended is the attempt limits' business).
+        for worker in self.workers:
+            while worker.in_hand:
+                self._deliver(worker, 0)
+            self._finish_all(worker)
         healthy = self.workers[0]
         for _ in range(ROUNDS):
             if self._all_finished():
@@ -419,14 +424,29 @@ class LivenessModel(RuleBasedStateMachine):
                 healthy.in_hand.extend((record, msg) for msg, record in popped if record)
                 while healthy.in_hand:
                     self._deliver(healthy, 0)
-                for record in sorted(healthy.running):
-                    if self._finish(healthy, record, "done")[0] == b"ok":
-                        self._settle([record])
-                    self._release(healthy, record)
+                self._finish_all(healthy)
                 self._maintain("promote")
                 self._maintain("limits")
         left = {t: s for t, s in self._states().items() if s is not None and s not in FINISHED}
-        assert not left, f"not finished after {ROUNDS} rounds of maintenance and a healthy worker: {left}"
+        assert not left, f"not finished after {ROUNDS} rounds of maintenance and a healthy worker: {left}; " \
+            f"{self._describe(left)}"
+
+    def _describe(self, left: dict[str, str | None]) -> dict:
+        """What Redis holds for the tasks left (and the limit slots' holders), for the failure message."""
+        def fields(record: str) -> dict:
+            return {k.decode(): v.decode(errors="replace") for k, v in self.rc.hgetall(record).items() if k != b"msg"}
+
+        out: dict = {t: {**fields(self.accepted[t]), "lease": self.rc.zscore(keys.LEASES, self.accepted[t])}
+                     for t in left}
+        for base in {out[t].get("lw", "") for t in out} - {""}:
+            out[f"holders of {base}"] = {m.decode(): fields(m.decode()) for m in self.rc.smembers(base + ":f")}
+        return out
+
+    def _finish_all(self, worker: Worker) -> None:
+        for record in sorted(worker.running):
+            if self._finish(worker, record, "done")[0] == b"ok":
+                self._settle([record])
+            self._release(worker, record)
 
     def _all_finished(self) -> bool:
         return all(s is None or s in FINISHED for s in self._states().values())
