@@ -50,8 +50,9 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
         "dispatch_dead_letter_write_failures", "Dead tasks whose dead-letter row could not be written at all "
         "(the task still ended; see the worker log's dead_letter_lost).", labels=["lane", "type"])
     repaired = CounterMetricFamily(
-        "dispatch_chats_repaired", "Chats whose head could not move by itself, moved on by the chat audit, by "
-        "cause (each one is a bug report: the lane's event log says which chat and task).", labels=["lane", "cause"])
+        "dispatch_chats_repaired", "Chat heads (and tasks of no chat) that could not move by themselves, moved on "
+        "by the audit, by cause (each one is a bug report: the lane's event log says which task).",
+        labels=["lane", "cause"])
     hist_counts: dict[tuple[str, str, str], dict[str, float]] = {}
     hist_sums: dict[tuple[str, str, str], float] = {}
     for key, value in sorted(totals.items()):

@@ -1,4 +1,5 @@
--- audit.lua: repair chats whose head can no longer move (self-healing backstop).
+-- audit.lua: repair chats whose head can no longer move, and tasks whose copy a worker
+-- lost unclaimed (self-healing backstop).
 --
 -- KEYS[1] active chats index (zset)   KEYS[2] leases   KEYS[3] audit cursor
 -- KEYS[4] metrics totals   KEYS[5] metrics minute (a hand-over may gate the next head)
@@ -63,7 +64,7 @@ end
 local function stalled(record, st, lease, ttype)
   local f = redis.call('HMGET', record, 'own', 'dlv', 'pub', 'aud', 'msg', 'q')
   local seen, cause
-  if st == 'queued' and lease == 'inf' and f[5] then
+  if st == 'queued' and lease == 'inf' and f[5] and f[6] and string.find(f[5], '\0', 1, true) then
     seen = 'q|' .. (f[3] or '')
   elseif st == 'running' and f[1] and f[1] ~= '' then
     seen = 'r|' .. f[1] .. '|' .. (f[2] or '')

@@ -1,4 +1,5 @@
-"""``audit.lua``'s wrapper: repair chats whose head can no longer move (a batch per call)."""
+"""``audit.lua``'s wrapper: repair chats whose head can no longer move, and tasks whose copy a worker lost
+unclaimed (a batch of each per call)."""
 
 from __future__ import annotations
 
