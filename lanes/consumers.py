@@ -51,6 +51,8 @@ class Heartbeat:
     paused: list[str] = field(default_factory=list)  # held, stopped by a pause (resume restarts them here)
     catch_all: bool = False
     adopted: list[str] = field(default_factory=list)  # lanes a catch-all worker took on by itself
+    #: Threads busy in a handler past its attempt's limit (abandoned: tasks.grouping); its lost capacity.
+    stuck: int = 0
 
     @property
     def held(self) -> list[str]:

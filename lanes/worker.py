@@ -108,7 +108,7 @@ class HeartbeatStep(bootsteps.StartStopStep):
             beat = consumers.Heartbeat(
                 hostname=self.worker.hostname, pid=os.getpid(), host=socket.gethostname(), started=self.started,
                 queues=self._consumed(), paused=consumers.held_paused(client, self.worker.hostname),
-                catch_all=self.catch_all, adopted=sorted(self.adopted))
+                catch_all=self.catch_all, adopted=sorted(self.adopted), stuck=self._stuck())
             held = set(beat.held)
             consumers.write_heartbeat(client, beat, self.reported - held, now)
             self.reported = held
@@ -116,6 +116,11 @@ class HeartbeatStep(bootsteps.StartStopStep):
                 self._adopt(client, beat, now)
         except Exception:  # a missed beat shows as "no worker" after the TTL, never a worker failure
             logger.warning("heartbeat_failed", exc_info=True)
+
+    def _stuck(self) -> int:
+        # The worker's grouping runner (tasks.grouping) sets this on the worker when it has one.
+        count = getattr(self.worker, "dispatch_stuck_threads", None)
+        return int(count()) if callable(count) else 0
 
     def _configured_lanes(self, client) -> list[str]:
         """Lane names, read again from the database only when the config version moved."""

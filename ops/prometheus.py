@@ -226,6 +226,18 @@ class DispatchCollector(Collector):
             limits=limit_stats.read_limits(client, now, rates={}, totals={}, top=0),
         )
         yield from topology_families(redis_topology())
+        yield from worker_families(lane_consumers.read_workers(client, now))
+
+
+def worker_families(beats: list[lane_consumers.Heartbeat]) -> list[Metric]:
+    """Per live worker: threads stuck in a handler past its attempt's limit (pure; from the heartbeats)."""
+    stuck = GaugeMetricFamily(
+        "dispatch_worker_stuck_threads", "Threads of a worker still busy in a handler whose attempt ran past its "
+        "limit (the attempt was retried; the thread is capacity lost until the handler returns).",
+        labels=["worker"])
+    for beat in sorted(beats, key=lambda b: b.hostname):
+        stuck.add_metric([beat.hostname], beat.stuck)
+    return [stuck]
 
 
 def registry() -> CollectorRegistry:

@@ -34,6 +34,7 @@ shuts down warm, for its supervisor to start a fresh one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -181,6 +182,9 @@ class Runner:
         self._seq = 0
         self.stuck = 0
         self.stopping = False
+        controller = getattr(consumer, "controller", None)
+        if controller is not None:  # read by the worker's heartbeat (lanes.worker.HeartbeatStep)
+            controller.dispatch_stuck_threads = lambda: self.stuck
         self._start("dispatch-claim", self._claim_forever)
         self._start("dispatch-finish", self._finish_forever)
         self._start("dispatch-watch", self._watch_forever)
@@ -462,7 +466,8 @@ class Runner:
         rows = []
         for field, entries in by_field.items():
             elapsed = [finished_at - item.attempt.started_at for item, _, _ in entries]
-            replies = until_answered(lambda entries=entries, elapsed=elapsed, field=field: finish_batch(
+            replies = until_answered(functools.partial(
+                finish_batch,
                 items=[DoneItem(item.attempt.task_id, item.attempt.record, item.attempt.env.chat,
                                 bounded_result(result_json), item.attempt.owner)
                        for item, _, result_json in entries],
