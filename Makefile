@@ -20,6 +20,10 @@ run: $(STAMP)
 test: $(STAMP)
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# The unit tier alone: pure logic, no Redis, no database, no worker (under a minute).
+test-fast: $(STAMP)
+	@$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
 faults: $(STAMP)
 	@FAULTS_LONG=1 $(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
 
@@ -28,7 +32,7 @@ faults: $(STAMP)
 soak: $(STAMP)
 	@$(BIN)/python scripts/soak.py
 
-# Side-by-side benchmark (installs the bench-only requirements: dramatiq, py-spy).
+# Side-by-side benchmark (installs the bench-only requirements: dramatiq, huey, taskiq, py-spy).
 bench: $(STAMP)
 	@$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-bench.txt
 	@$(BIN)/python manage.py benchmark $(BENCH_ARGS)

@@ -12,9 +12,10 @@ class ServiceTokenAdmin(admin.ModelAdmin):
     list_display = ("name", "token_prefix", "types", "rate_per_s", "created_at", "last_used_at", "revoked_at")
     list_filter = (("revoked_at", admin.EmptyFieldListFilter), "task_types")
     search_fields = ("name", "prefix", "notes")
-    filter_horizontal = ("task_types",)
+    filter_horizontal = ("task_types", "retry_policies")
     readonly_fields = ("token_prefix", "created_at", "last_used_at", "revoked_at")
-    fields = ("name", "notes", "task_types", "rate_per_s", "token_prefix", "created_at", "last_used_at", "revoked_at")
+    fields = ("name", "notes", "task_types", "rate_per_s", "retry_policies", "reads_broker_tasks", "token_prefix",
+              "created_at", "last_used_at", "revoked_at")
     actions = ("revoke",)
 
     def get_queryset(self, request):
@@ -37,10 +38,16 @@ class ServiceTokenAdmin(admin.ModelAdmin):
                 "Token for {}: <code>{}</code> Copy it now: it is not stored and will not be shown again.",
                 obj.name, clear))
 
-    @admin.action(description="Revoke selected tokens (refused from now on)")
+    @admin.action(description="Revoke selected tokens (refused from now on)", permissions=["change"])
     def revoke(self, request, queryset) -> None:
-        count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        self.message_user(request, f"Revoked {count} token(s).", messages.SUCCESS)
+        """Needs "Can change service token" (a view-only user gets no such action, and a forged POST is refused)."""
+        rows = list(queryset.filter(revoked_at__isnull=True))
+        now = timezone.now()
+        for row in rows:
+            row.revoked_at = now
+            row.save(update_fields=["revoked_at"])
+            self.log_change(request, row, "Revoked the token (refused from now on).")
+        self.message_user(request, f"Revoked {len(rows)} token(s).", messages.SUCCESS)
 
 
 @admin.register(DispatchAudit)

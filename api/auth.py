@@ -14,9 +14,10 @@ from django.http import HttpRequest
 from django.utils import timezone
 from ninja.security import HttpBearer
 
-from api import ratelimit, tokens
+from api import ratelimit, tenancy, tokens
 from api.errors import ApiError
 from api.models import ServiceToken
+from tasks import owners
 
 #: Seconds between two writes of a token's ``last_used_at`` (not one write per request).
 LAST_USED_RESOLUTION_S = 60
@@ -30,9 +31,19 @@ class Caller:
     name: str
     allowed_types: frozenset[str]
     rate_per_s: int
+    #: Retry policies its dispatches may name.
+    retry_policies: frozenset[str] = frozenset()
+    #: Whether it also reads tasks no token made (sent by name through the broker).
+    reads_broker_tasks: bool = False
 
     def may_dispatch(self, task_type: str) -> bool:
         return task_type in self.allowed_types
+
+    def may_read(self, task_id: str) -> bool:
+        """Its own tasks; with ``reads_broker_tasks``, also those sent by name or by Python code."""
+        if tenancy.owns(self.token_id, task_id):
+            return True
+        return self.reads_broker_tasks and owners.owner_of(task_id) == "python"
 
 
 def _unauthorized(detail: str, reason: str = "unauthorized") -> ApiError:
@@ -54,7 +65,8 @@ class ServiceTokenAuth(HttpBearer):
         retry_after = ratelimit.check(caller.token_id, caller.rate_per_s)
         if retry_after is not None:
             raise ApiError(429, "rate_limited",
-                           f"token '{caller.name}' is over its rate of {caller.rate_per_s} requests/s",
+                           f"token '{caller.name}' is over its rate of {caller.rate_per_s} requests/s "
+                           "(a bulk request counts each item)",
                            {"Retry-After": str(retry_after)})
         return caller
 
@@ -63,7 +75,7 @@ class ServiceTokenAuth(HttpBearer):
         if parsed is None:
             raise _unauthorized("malformed token: expected dsp_<prefix>_<secret>")
         prefix, secret = parsed
-        row = ServiceToken.objects.filter(prefix=prefix).prefetch_related("task_types").first()
+        row = ServiceToken.objects.filter(prefix=prefix).prefetch_related("task_types", "retry_policies").first()
         if row is None or not tokens.secret_matches(secret, row.secret_hash):
             raise _unauthorized("unknown token")
         if row.revoked_at is not None:
@@ -71,7 +83,8 @@ class ServiceTokenAuth(HttpBearer):
         now = timezone.now()
         if row.last_used_at is None or now - row.last_used_at > timedelta(seconds=LAST_USED_RESOLUTION_S):
             ServiceToken.objects.filter(pk=row.pk).update(last_used_at=now)
-        return Caller(row.pk, row.name, frozenset(t.name for t in row.task_types.all()), row.rate_per_s)
+        return Caller(row.pk, row.name, frozenset(t.name for t in row.task_types.all()), row.rate_per_s,
+                      frozenset(p.name for p in row.retry_policies.all()), row.reads_broker_tasks)
 
 
 def _check_size(request: HttpRequest) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
@@ -18,21 +20,27 @@ class ServiceTokenQuerySet(models.QuerySet):
         return self.filter(revoked_at__isnull=True)
 
     def issue(self, name: str, task_types: list[str], *, rate_per_s: int | None = None,
-              notes: str = "") -> tuple[ServiceToken, str]:
+              notes: str = "", retry_policies: Sequence[str] = (),
+              reads_broker_tasks: bool = False) -> tuple[ServiceToken, str]:
         """Create a token for ``task_types`` (names); returns the row and the clear token, which is not kept."""
-        from tasks.models import TaskType
+        from tasks.models import RetryPolicy, TaskType
 
+        policies = list(RetryPolicy.objects.filter(name__in=retry_policies))
+        unknown = sorted(set(retry_policies) - {p.name for p in policies})
+        if unknown:
+            raise ValueError(f"no retry policy named {', '.join(unknown)}")
         found = list(TaskType.objects.filter(name__in=task_types))
         missing = sorted(set(task_types) - {t.name for t in found})
         if missing:
             raise ValueError(f"no task type named {', '.join(missing)}")
-        row = ServiceToken(name=name, notes=notes)
+        row = ServiceToken(name=name, notes=notes, reads_broker_tasks=reads_broker_tasks)
         if rate_per_s is not None:
             row.rate_per_s = rate_per_s
         clear = row.set_new_secret()
         row.full_clean()
         row.save()
         row.task_types.set(found)
+        row.retry_policies.set(policies)
         return row, clear
 
 
@@ -53,8 +61,19 @@ class ServiceToken(models.Model):
         help_text="The types this token may dispatch; any other is refused with 403.",
     )
     rate_per_s = models.PositiveIntegerField(
-        "rate limit (requests/s)", default=default_rate,
-        help_text="Requests per second this token may make, across all web processes.",
+        "rate limit (tasks/s)", default=default_rate,
+        help_text="Tasks (and reads) per second this token may send, across all web processes: a bulk request "
+                  "of 1,000 items counts 1,000.",
+    )
+    retry_policies = models.ManyToManyField(
+        "tasks.RetryPolicy", blank=True, related_name="service_tokens", verbose_name="retry policies it may name",
+        help_text="The policies a dispatch of this token may name in retry_policy; any other is refused with 403. "
+                  "Without one, its tasks follow their type's policy.",
+    )
+    reads_broker_tasks = models.BooleanField(
+        "reads tasks sent by name", default=False,
+        help_text="Also read (GET /api/v1/tasks/<id>) tasks no token made: those sent by name through the broker "
+                  "(tasks.dispatch) or by Python code. Off: a token reads only its own tasks.",
     )
     created_at = models.DateTimeField("created", auto_now_add=True)
     last_used_at = models.DateTimeField(

@@ -1,8 +1,9 @@
 """Per-token request rate, held across every web process by one Redis counter per second.
 
-A fixed one-second window: ``INCR`` and ``EXPIRE`` in one transaction (one
-round trip). A request over the token's rate is refused with the seconds left
-in the window; if Redis cannot answer, the request is let through (admission
+A fixed one-second window: ``INCRBY`` and ``EXPIRE`` in one transaction (one
+round trip); a request costs 1, a bulk request one per item. A request over the
+token's rate is refused with the seconds left in the window; if Redis cannot
+answer, the request is let through (admission
 itself bounds every lane and answers ``unavailable``).
 """
 
@@ -29,15 +30,20 @@ def retry_after_s(now: float) -> int:
     return max(1, math.ceil(math.floor(now) + 1 - now))
 
 
-def check(token_id: int, rate_per_s: int, now: float | None = None) -> int | None:
-    """None if this request is within the token's rate, else the Retry-After in seconds."""
+def check(token_id: int, rate_per_s: int, now: float | None = None, cost: int = 1) -> int | None:
+    """None if ``cost`` more (a request, or a bulk request's items) is within the token's rate, else the
+    Retry-After in seconds; a refused cost is given back, so a bulk too big for the window does not hold
+    the token's smaller requests back."""
     now = time.time() if now is None else now
     key = rate_key(token_id, int(now))
     try:
-        pipe = get_redis().pipeline(transaction=True)
-        pipe.incr(key)
+        client = get_redis()
+        pipe = client.pipeline(transaction=True)
+        pipe.incrby(key, cost)
         pipe.expire(key, 2)
         count = pipe.execute()[0]
+        if count > rate_per_s:
+            client.decrby(key, cost)
     except redis.RedisError as exc:
         logger.warning("api_rate_unchecked token=%s error=%s", token_id, exc)
         return None

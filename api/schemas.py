@@ -108,10 +108,25 @@ class DeadLetterOut(Schema):
 
 class TaskStateOut(Schema):
     task_id: str
-    state: str = Field(description="Celery's state: PENDING (no result yet), STARTED, SUCCESS, FAILURE, ...")
+    state: str = Field(description="SCHEDULED (sent for later, not due yet), PENDING (waiting for a worker), "
+                                   "then Celery's: STARTED, RETRY, SUCCESS, FAILURE, REVOKED")
     task_name: str | None
     result: Any = Field(description="The stored result (a tasks.dispatch message's is its DispatchResult).")
     date_done: datetime | None
     dispatched_task_id: str | None = Field(
         description="For a tasks.dispatch message sent by name: the id of the task it admitted.")
     dead_letter: DeadLetterOut | None
+
+
+class CancelIn(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: StrictStr = Field("", max_length=500, description="Why (kept in the REVOKED result with the token's name).")
+
+
+class CancelOut(Schema):
+    """What the cancel found: ``cancelled``, ``running_told``, ``already_cancelled``, ``already_done``, ..."""
+
+    task_id: str
+    outcome: str
+    detail: str

@@ -28,6 +28,7 @@ REJECTION_STATUS: dict[str, int] = {
     "lane_closed": 503,
     "idempotency_conflict": 409,
     "unavailable": 503,
+    "redis_memory_high": 503,
 }
 
 #: Seconds a client waits before retrying a 429 or 503 rejection.

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 #: Names settings take from the file (it also holds the URLs, for people reading it).
-RECORDED = ("WEB_PORT", "FLOWER_PORT", "REDIS_PORT", "REDIS_URL")
+RECORDED = ("WEB_PORT", "FLOWER_PORT", "REDIS_PORT", "REDIS_URL", "DISPATCH_HANDLER_MODULES")
 
 
 def runtime_path(base_dir: Path, environ: Mapping[str, str] = os.environ) -> Path:

@@ -12,7 +12,10 @@ import os
 import secrets
 from pathlib import Path
 
-SECRET_NAMES = ("secret_key", "redis_password", "admin_password", "flower_password", "metrics_token")
+#: ``redis_password`` is the platform's own Redis user (``dispatch``, no admin or dangerous commands);
+#: ``redis_admin_password`` the embedded Redis's ``default`` user, for an operator's ``redis-cli``.
+SECRET_NAMES = ("secret_key", "redis_password", "redis_admin_password", "admin_password", "flower_password",
+                "metrics_token")
 
 
 #: Django's deployment check (security.W009) wants a secret key of at least 50 characters.

@@ -73,6 +73,7 @@ if DISPATCH_TOOLS:
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "api.middleware.JsonErrorsMiddleware",  # every /api/ answer JSON, Django's own refusals included
     "csp.middleware.CSPMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -85,7 +86,7 @@ MIDDLEWARE = [
 
 # Content-Security-Policy on every response (django-csp 4 format): scripts and
 # styles only from our own static files, so a tag that slipped into a page
-# (issue 12's reflected XSS) cannot run. The admin and the dashboard keep no
+# (a reflected XSS) cannot run. The admin and the dashboard keep no
 # inline script or style; tests/browser fails on any reported violation.
 CONTENT_SECURITY_POLICY = {
     "DIRECTIVES": {
@@ -188,8 +189,11 @@ def _broker_url(url: str, password: str) -> str:
 
 
 REDIS_PORT = int(setting("REDIS_PORT", "6380", RUNTIME))
+#: The embedded Redis (``make run``): the platform's own ACL user, which has no admin or dangerous
+#: commands (scripts/run.py's ``redis_conf``).
+REDIS_USER = "dispatch"
 REDIS_URL = setting("REDIS_URL", "", RUNTIME) or (
-    f"redis://:{quote(GENERATED['redis_password'], safe='')}@127.0.0.1:{REDIS_PORT}/0"
+    f"redis://{REDIS_USER}:{quote(GENERATED['redis_password'], safe='')}@127.0.0.1:{REDIS_PORT}/0"
 )
 
 #: With ``REDIS_URL=sentinel://host:port;sentinel://host:port/0`` (Redis Sentinel), the
@@ -219,6 +223,10 @@ DISPATCH_QUEUED_LEASE_S = float(os.environ.get("DISPATCH_QUEUED_LEASE_S", "60"))
 #: Seconds any call to Redis by the platform (dispatch, workers' bookkeeping) may take
 #: before it fails: dispatch then answers ``unavailable`` instead of hanging.
 DISPATCH_REDIS_TIMEOUT_S = float(os.environ.get("DISPATCH_REDIS_TIMEOUT_S", "5"))
+# Admission refuses new work (``redis_memory_high``) past this share of Redis' maxmemory (lanes/memory_guard.py),
+# reading INFO memory at most every DISPATCH_MEMORY_CHECK_S seconds per process.
+DISPATCH_MEMORY_HIGH = float(os.environ.get("DISPATCH_MEMORY_HIGH", "0.9"))
+DISPATCH_MEMORY_CHECK_S = float(os.environ.get("DISPATCH_MEMORY_CHECK_S", "1"))
 #: Deliveries of one attempt whose worker died before it finished: past this the
 #: task is a dead letter with reason ``poison``.
 DISPATCH_MAX_DELIVERIES = int(os.environ.get("DISPATCH_MAX_DELIVERIES", "3"))
@@ -232,13 +240,21 @@ DISPATCH_IDEMPOTENCY_WINDOW_S = int(os.environ.get("DISPATCH_IDEMPOTENCY_WINDOW_
 #: Days resolved dead letters are kept before the purge removes them.
 DISPATCH_DEADLETTER_RETENTION_DAYS = int(os.environ.get("DISPATCH_DEADLETTER_RETENTION_DAYS", "30"))
 #: Where ``http.post`` may connect: ``host`` (default port only), ``host:port`` or ``host:*``
-#: (tasks/webhook_url.py). Loopback on any port by default, for the local demo.
-DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list("DISPATCH_WEBHOOK_ALLOWED_HOSTS", "127.0.0.1:*,localhost:*")
+#: (tasks/webhook_url.py). Loopback on any port by default, for the local demo; nothing under
+#: the production profile (loopback holds Redis, Flower and the admin): name each host and port.
+DISPATCH_WEBHOOK_ALLOWED_HOSTS = env_list(
+    "DISPATCH_WEBHOOK_ALLOWED_HOSTS",
+    "" if os.environ.get("DISPATCH_PROFILE") == "production" else "127.0.0.1:*,localhost:*")
 DISPATCH_METRICS_TOKEN = os.environ.get("DISPATCH_METRICS_TOKEN") or GENERATED["metrics_token"]
 FLOWER_URL = os.environ.get("FLOWER_URL") or f"http://127.0.0.1:{FLOWER_PORT}/"
 #: Modules imported at startup by every process (web, workers, commands) so the
 #: lifecycle-signal receivers they connect run where the events happen.
 DISPATCH_HOOK_MODULES = env_list("DISPATCH_HOOK_MODULES", "")
+#: Your handler modules (like Celery's ``imports``), imported by every process at startup so
+#: web (the admin's handler list), workers and commands know the same handlers; what a
+#: running ``make run`` was given is the default of commands run beside it (dispatchsite.runtime).
+DISPATCH_HANDLER_MODULES = [m.strip() for m in setting("DISPATCH_HANDLER_MODULES", "", RUNTIME).split(",")
+                            if m.strip()]
 #: A worker started with DISPATCH_CATCH_ALL=1 also consumes every lane that no
 #: other live worker consumes, lanes created at run time included (lanes.worker).
 DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")
@@ -257,7 +273,7 @@ CELERY_BROKER_URL = _broker_url(REDIS_URL, REDIS_PASSWORD) if REDIS_SENTINEL els
 # django-celery-results' table, written with one upsert per task (tasks.results).
 CELERY_RESULT_BACKEND = "tasks.results.UpsertBackend"
 # Celery's Django fixup otherwise closes every DB connection around every task,
-# so each task paid a new connection (measured: BENCHMARKS.md, proposal 1).
+# so each task paid a new connection (measured: benchmarks/archive.md, proposal 1).
 CELERY_DB_REUSE_MAX = int(os.environ.get("CELERY_DB_REUSE_MAX", "1000"))
 CELERY_RESULT_EXTENDED = True
 CELERY_ACCEPT_CONTENT = ["json"]
@@ -304,6 +320,7 @@ CELERY_BROKER_TRANSPORT = "lanes.transport:SentinelTransport" if REDIS_SENTINEL 
 # two seconds flooded Flower's task list and the log.
 CELERY_BEAT_SCHEDULE = {
     "purge-dead-letters": {"task": "tasks.purge_dead_letters", "schedule": 3600.0},
+    "purge-api-audit": {"task": "api.purge_audit", "schedule": 3600.0},
 }
 
 LOGGING = {
@@ -320,5 +337,7 @@ LOGGING = {
 DISPATCH_API_RATE_PER_S = int(os.environ.get("DISPATCH_API_RATE_PER_S", "100"))
 #: Largest request body the API reads, in bytes (a bigger one is refused with 413).
 DISPATCH_API_MAX_BODY_BYTES = int(os.environ.get("DISPATCH_API_MAX_BODY_BYTES", str(2 * 1024 * 1024)))
+#: Days an API dispatch audit row is kept (purged hourly by beat, ``api.purge_audit``).
+DISPATCH_API_AUDIT_RETENTION_DAYS = int(os.environ.get("DISPATCH_API_AUDIT_RETENTION_DAYS", "90"))
 #: Serve the interactive API docs at /api/v1/docs (staff only).
 DISPATCH_API_DOCS = env_bool("DISPATCH_API_DOCS", True)

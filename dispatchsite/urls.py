@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import path, re_path
 from django.views.generic import RedirectView
@@ -23,6 +24,10 @@ urlpatterns = [
     path("api/v1/", api_views.api.urls),
     re_path(r"^api/", api_views.not_found, name="api-not-found"),
 ]
+if settings.DISPATCH_TOOLS:  # the demo receiver chat.send posts to on a development install
+    from tools import demo_hook
+
+    urlpatterns.insert(1, path(demo_hook.PATH, demo_hook.receive, name="dispatch-demo-hook"))
 
 admin.site.site_header = "Dispatch administration"
 admin.site.site_title = "Dispatch"

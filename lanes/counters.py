@@ -1,6 +1,6 @@
 """Metric counters of the hot path, kept in process and written to Redis in batches.
 
-Issue 16's Redis budget: each task's own counts (dispatched, started, succeeded
+Why (the Redis budget, docs/redis-budget.md): each task's own counts (dispatched, started, succeeded
 or dead, completed per lane, the latency histograms and their sums, the lane's
 handler seconds) cost 17 Redis commands a task when the scripts wrote them
 (a ``HINCRBY`` per field into the all-time hash and the minute's hash). Here

@@ -31,12 +31,17 @@ def chat_tag(chat_id: str) -> str:
     return "{" + chat_id + "}"
 
 
+#: After a chat's tagged part (``CHAT_PREFIX`` + ``chat_tag``): its queue, and its records' prefix.
+CHAT_QUEUE_SUFFIX = ":q"
+CHAT_RECORDS_SUFFIX = ":t:"
+
+
 def chat_queue(chat_id: str) -> str:
-    return f"{PREFIX}chat:{chat_tag(chat_id)}:q"
+    return CHAT_PREFIX + chat_tag(chat_id) + CHAT_QUEUE_SUFFIX
 
 
 def chat_record_prefix(chat_id: str) -> str:
-    return f"{PREFIX}chat:{chat_tag(chat_id)}:t:"
+    return CHAT_PREFIX + chat_tag(chat_id) + CHAT_RECORDS_SUFFIX
 
 
 def task_record(task_id: str, chat_id: str | None = None) -> str:
@@ -139,6 +144,8 @@ PAUSED_LANES = PREFIX + "lanes:paused"
 DRAINING_LANES = PREFIX + "lanes:draining"
 #: Short lock so that one process at a time records a depth/throughput sample.
 SAMPLE_LOCK = PREFIX + "m:sample-lock"
+#: Sorted set of (time, each limit's all-time admitted count) samples: the current rate of a limit.
+LIMIT_SAMPLES = PREFIX + "m:limit-samples"
 
 
 def paused_workers(lane: str) -> str:
@@ -182,7 +189,7 @@ def lane_consumers(lane: str) -> str:
     return f"{PREFIX}lanes:consumers:{lane}"
 
 
-# --- limits (flow control, issue 15; lanes/lua/_lib.lua's gate) -----------------
+# --- limits (flow control; lanes/lua/_lib.lua's gate) ----------------------------
 #
 # Layout (read by the visible side too: dashboard, ``manage.py lanes``, metrics):
 # - ``LIMIT_DEFS`` hash: limit name -> JSON {"scope", "rate", "burst",
@@ -223,32 +230,45 @@ def limit_base(name: str, value: str = "") -> str:
     return f"{LIMIT_PREFIX}{name}:{value}"
 
 
+#: Suffixes of a limit instance's keys (the layout above).
+LIMIT_BUCKET_SUFFIX = ":b"
+LIMIT_HOLDING_SUFFIX = ":f"
+LIMIT_WAITING_SUFFIX = ":w"
+LIMIT_PAUSED_SUFFIX = ":p"
+
+
 def limit_bucket(base: str) -> str:
-    return base + ":b"
+    return base + LIMIT_BUCKET_SUFFIX
 
 
 def limit_holding(base: str) -> str:
-    return base + ":f"
+    return base + LIMIT_HOLDING_SUFFIX
 
 
 def limit_waiting(base: str) -> str:
-    return base + ":w"
+    return base + LIMIT_WAITING_SUFFIX
 
 
 def limit_paused(base: str) -> str:
-    return base + ":p"
+    return base + LIMIT_PAUSED_SUFFIX
+
+
+#: After ``LIMIT_PREFIX``, before a limit's name: its instances index, fair-share ring and credits.
+LIMIT_INSTANCES_INFIX = "inst:"
+LIMIT_RING_INFIX = "ring:"
+LIMIT_CREDIT_INFIX = "credit:"
 
 
 def limit_instances(name: str) -> str:
-    return f"{LIMIT_PREFIX}inst:{name}"
+    return LIMIT_PREFIX + LIMIT_INSTANCES_INFIX + name
 
 
 def limit_ring(name: str) -> str:
-    return f"{LIMIT_PREFIX}ring:{name}"
+    return LIMIT_PREFIX + LIMIT_RING_INFIX + name
 
 
 def limit_credit(name: str) -> str:
-    return f"{LIMIT_PREFIX}credit:{name}"
+    return LIMIT_PREFIX + LIMIT_CREDIT_INFIX + name
 
 
 def lane_limited(lane: str) -> str:
@@ -288,3 +308,11 @@ def process_in_hand(process: str) -> str:
     """Set of task records whose message a worker's main process popped and has not acked."""
     return IN_HAND_PREFIX + process
 
+
+
+#: The constants the Lua scripts read by the same names (``lanes.lua.loader`` writes them as
+#: ``local`` lines ahead of every script): a key the scripts build from a prefix or another key
+#: gets its suffix from here, never from a literal of its own.
+LUA_CONSTANTS = ("DOORBELL_SUFFIX", "LANE_WAITING_SUFFIX", "LANE_LIMITED_SUFFIX", "LIMIT_BUCKET_SUFFIX",
+                 "LIMIT_HOLDING_SUFFIX", "LIMIT_WAITING_SUFFIX", "LIMIT_PAUSED_SUFFIX", "CHAT_QUEUE_SUFFIX",
+                 "CHAT_RECORDS_SUFFIX", "LIMIT_INSTANCES_INFIX", "LIMIT_RING_INFIX", "LIMIT_CREDIT_INFIX")

@@ -75,7 +75,7 @@ _in_hand_wake = threading.Event()
 #: The process list as read at the last beat: (process id, expiry ms).
 _peers: list[tuple[str, float]] = []
 #: True once a beat of this process reached Redis: from then on its beat keeps its
-#: liveness entry, and a claim or a pop need not register it again (issue 16: a command less each).
+#: liveness entry, and a claim or a pop need not register it again (a command less each).
 _beaten = False
 
 

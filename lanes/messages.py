@@ -10,20 +10,23 @@ the delivery tag is left as a NUL byte for the script to fill in per publish
 from __future__ import annotations
 
 import functools
-import json
 import os
 import socket
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from django.conf import settings
 
-from lanes import keys
+from lanes import jsontext, keys
 from lanes.priorities import to_kombu
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
 
 _ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
-_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+#: The body's third part (Celery's callbacks, errbacks, chain, chord): none, so empty. Celery reads each
+#: with ``embed.get`` (and the headers and properties a message leaves out, at their defaults, with
+#: ``.get``): every byte of a message is kept twice while its task waits (BENCHMARKS.md).
+_EMBED: dict[str, Any] = {}
 #: Seconds between the soft time limit (handler told to stop) and the hard one (process killed),
 #: beyond the time an attempt may spend recording its outcome while Redis is away (see
 #: :func:`hard_limit_grace_s`).
@@ -107,147 +110,63 @@ class Envelope:
         return cls(**{name: data[name] for name in (*expected, "meta", "policy", "due") if name in data})
 
 
-#: JSON of a string as ``json.dumps`` writes it (ASCII, escaped): C, one call.
-_string = json.encoder.encode_basestring_ascii
-#: ``json.dumps(..., separators=(",", ":"))``'s encoder, built once (``json.dumps`` builds one per call).
-_compact = json.JSONEncoder(separators=(",", ":"))
-_EMBED_JSON = _compact.encode(_EMBED)
+#: The message's delivery tag: a raw NUL for the admission script to fill in per publish (written as is:
+#: orjson writes a Fragment's bytes without looking at them).
+_DELIVERY_TAG = orjson.Fragment(b'"\0"')
+_EMBED_JSON = orjson.dumps(_EMBED).decode()
 
 
-@functools.lru_cache(maxsize=256, typed=True)
-def _number(value: float) -> str:
-    """A number as ``json.dumps`` writes it (the message's numbers are finite).
-
-    Cached (typed: 1 and 1.0 are written apart): a float's repr costs about a
-    microsecond, and a bulk dispatch's items share their times (``tasks.bulk``).
-    """
-    return float.__repr__(value) if isinstance(value, float) else int.__repr__(int(value))
-
-
-def _escaped(text: str) -> str:
-    """``text`` as it appears inside a JSON string: ``_string`` without its quotes. JSON escapes each
-    character on its own, so the escape of a concatenation is the concatenation of the escapes."""
-    return _string(text)[1:-1]
-
-
-def _inner_string(text: str) -> str:
-    """The JSON string of ``text`` as it appears inside another JSON string."""
-    return _escaped(_string(text))
-
-
-def _envelope_json(envelope: Envelope) -> str:
-    """``json.dumps(envelope.as_dict(), separators=(",", ":"))`` as it appears inside a JSON string (the
-    message's body is one), written directly and escaped as it is written: escaping the body after it
-    was written was a tenth of a bulk dispatch's CPU an item.
-    """
-    q = '\\"'
-    meta = "null" if envelope.meta is None else _escaped(_compact.encode(envelope.meta))
-    chat, key, empty = envelope.chat, envelope.key, q + q
-    # No format spec on the ints (``{x:d}``): f-strings format a plain int much faster without one.
-    text = (f'{_envelope_head(envelope.type, envelope.lane)}{q}priority{q}:{int(envelope.priority)},'
-            f'{q}attempt{q}:{int(envelope.attempt)},{q}deadline{q}:{_number(envelope.deadline)},'
-            f'{q}dispatched_at{q}:{_number(envelope.dispatched_at)},'
-            f'{q}chat{q}:{_inner_string(chat) if chat else empty},'
-            f'{q}key{q}:{_inner_string(key) if key else empty},{q}meta{q}:{meta}')
-    if envelope.policy:
-        text += f',{q}policy{q}:{_inner_string(envelope.policy)}'
-    if envelope.due:
-        text += f',{q}due{q}:{_number(envelope.due)}'
-    return text + "}"
+def _json(value: Any) -> str:
+    """Compact JSON of a validated value: orjson, or ``lanes.jsontext`` for what orjson refuses (a dict key
+    that is not a str, an int past 64 bits: validation took them as ``json`` does)."""
+    try:
+        return orjson.dumps(value).decode()
+    except TypeError:
+        return jsontext.dumps(value)
 
 
 @functools.lru_cache(maxsize=1024)
-def _envelope_head(type_name: str, lane: str) -> str:
-    return f'{{\\"type\\":{_inner_string(type_name)},\\"lane\\":{_inner_string(lane)},'
+def _headers(handler: str, type_name: str) -> dict[str, Any]:
+    """The headers a task type's messages share, the per-task ones None: copied and filled per message
+    (building the dict anew was a third of a message's CPU)."""
+    return {"lang": "py", "task": handler, "id": None, "shadow": type_name, "retries": None, "timelimit": None,
+            "root_id": None, "argsrepr": "()", "kwargsrepr": None, "origin": _ORIGIN, LEASED_HEADER: True,
+            RECORD_HEADER: None}
 
 
 @functools.lru_cache(maxsize=1024)
-def _fixed(handler: str, type_name: str, lane: str, soft_limit_s: float, hard_limit_s: float) -> tuple[str, str, str]:
-    """The text between a message's per-task parts that one task type's messages share (``build_message``):
-    half of a message's CPU was writing them again for each task of a bulk dispatch."""
-    after_body = (f'","content-encoding":"utf-8","content-type":"application/json",'
-                  f'"headers":{{"lang":"py","task":{_string(handler)},"id":')
-    after_id = (f',"shadow":{_string(type_name)},"eta":null,"expires":null,"group":null,"group_index":null,'
-                f'"retries":')
-    limits = f',"timelimit":[{_number(hard_limit_s)},{_number(soft_limit_s)}],"root_id":'
-    return after_body, after_id, limits
-
-
-@functools.lru_cache(maxsize=1024)
-def _properties(lane: str, kombu_priority: int) -> str:
-    return (f',"reply_to":"","delivery_mode":2,"delivery_info":{{"exchange":"","routing_key":'
-            f'{_string(keys.lane_queue(lane, 0))}}},"priority":{int(kombu_priority)},'
-            f'"body_encoding":"utf-8","delivery_tag":"\0"}}}}')
-
-
-_AFTER_ROOT = ',"parent_id":null,"argsrepr":"()","kwargsrepr":'
-_AFTER_REPR = (f',"origin":{_string(_ORIGIN)},"ignore_result":false,"replaced_task_nesting":0,'
-               f'"stamped_headers":null,"stamps":{{}},"{LEASED_HEADER}":true,"{RECORD_HEADER}":')
-#: The body's text around its payload and envelope, as it appears inside the message's ``body`` string.
-_BODY_HEAD = '{"body":"[[],{\\"payload\\":'
-_BODY_MID = ',\\"dispatch\\":'
-_BODY_TAIL = f'}},{_escaped(_EMBED_JSON)}]'
+def _properties(lane: str, kombu_priority: int) -> dict[str, Any]:
+    """kombu's properties of a lane's messages at one priority (no correlation id, reply-to or delivery
+    mode: nothing replies to a lane's message, and Redis has one delivery mode)."""
+    return {"delivery_info": {"exchange": "", "routing_key": keys.lane_queue(lane, 0)},
+            "priority": kombu_priority, "body_encoding": "utf-8", "delivery_tag": _DELIVERY_TAG}
 
 
 def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float,
                   grace_s: float | None = None) -> str:
-    """The message as a string with a NUL byte where the delivery tag goes.
+    """The message as compact JSON (orjson) with a NUL byte where the delivery tag goes.
 
     ``shadow`` carries the task type: the worker's log, its task events and so
     Flower name the task ``chat.send`` rather than its handler ``http.post``
-    (the result row's ``task_name`` stays the handler, Celery's ``task``).
+    and the result row's ``task_name`` (tasks.results) too.
     ``grace_s``: ``hard_limit_grace_s()``, when the caller has it (a bulk
     dispatch reads the settings once a chunk, not once an item).
 
-    The text is what ``json.dumps(message, separators=(",", ":"))`` writes for
-    the message dict of ``message_dict`` (``tests/unit/test_messages.py`` holds
-    them equal), assembled from its parts, the parts a task type's messages
-    share written once (``_fixed``), the body written as it appears inside its
-    JSON string: ``json.dumps`` of the whole took half of a bulk dispatch's CPU
-    per item. ``pop_more.lua`` and ``claim_batch.lua`` read it as that JSON.
+    The body is Celery's ``[args, kwargs, embed]``, the payload's text (already
+    JSON, from validation) placed in it as it is. Text is written as UTF-8, not
+    escaped: ``pop_more.lua`` finds the record's key in the raw message
+    (``"dispatch_record":"<key>"``) and ``claim_batch.lua`` decodes it with cjson.
     """
-    tid = _string(task_id)
-    after_body, after_id, limits = _fixed(handler, envelope.type, envelope.lane, soft_limit_s,
-                                          soft_limit_s + (hard_limit_grace_s() if grace_s is None else grace_s))
-    return (
-        f'{_BODY_HEAD}{_escaped(payload_json)}{_BODY_MID}{_envelope_json(envelope)}{_BODY_TAIL}'
-        f'{after_body}{tid}{after_id}{int(envelope.attempt) - 1}{limits}{tid}{_AFTER_ROOT}'
-        f'{_string(_short_repr(payload_json, envelope))}{_AFTER_REPR}'
-        f'{_string(keys.task_record(task_id, envelope.chat or None))}}},"properties":{{"correlation_id":{tid}'
-        f'{_properties(envelope.lane, to_kombu(envelope.priority))}'
-    )
-
-
-def message_dict(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float
-                 ) -> dict[str, Any]:
-    """The message ``build_message`` writes, as a dict (its delivery tag the NUL placeholder): the reference
-    its text is checked against, kept beside it so that a field added to one is added to the other."""
-    body = f'[[],{{"payload":{payload_json},"dispatch":{json.dumps(envelope.as_dict(), separators=(",", ":"))}}},' \
-        f'{json.dumps(_EMBED, separators=(",", ":"))}]'
-    headers: dict[str, Any] = {
-        "lang": "py", "task": handler, "id": task_id, "shadow": envelope.type, "eta": None,
-        "expires": None, "group": None, "group_index": None, "retries": envelope.attempt - 1,
-        "timelimit": [soft_limit_s + hard_limit_grace_s(), soft_limit_s], "root_id": task_id,
-        "parent_id": None, "argsrepr": "()", "kwargsrepr": _short_repr(payload_json, envelope),
-        "origin": _ORIGIN, "ignore_result": False, "replaced_task_nesting": 0,
-        "stamped_headers": None, "stamps": {}, LEASED_HEADER: True,
-        RECORD_HEADER: keys.task_record(task_id, envelope.chat or None),
-    }
-    return {
-        "body": body,
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": headers,
-        "properties": {
-            "correlation_id": task_id,
-            "reply_to": "",
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": keys.lane_queue(envelope.lane, 0)},
-            "priority": to_kombu(envelope.priority),
-            "body_encoding": "utf-8",
-            "delivery_tag": "\0",
-        },
-    }
+    headers = _headers(handler, envelope.type).copy()
+    headers["id"] = headers["root_id"] = task_id
+    headers["retries"] = envelope.attempt - 1
+    headers["timelimit"] = [soft_limit_s + (hard_limit_grace_s() if grace_s is None else grace_s), soft_limit_s]
+    headers["kwargsrepr"] = _short_repr(payload_json, envelope)
+    headers[RECORD_HEADER] = keys.task_record(task_id, envelope.chat or None)
+    properties = _properties(envelope.lane, to_kombu(envelope.priority))
+    body = f'[[],{{"payload":{payload_json},"dispatch":{_json(envelope.as_dict())}}},{_EMBED_JSON}]'
+    return orjson.dumps({"body": body, "content-encoding": "utf-8", "content-type": "application/json",
+                         "headers": headers, "properties": properties}).decode()
 
 
 def _short_repr(payload_json: str, envelope: Envelope) -> str:

@@ -1,11 +1,13 @@
 """The engine's metric writes and the counter layout the Lua scripts share; reading them is ``ops.metrics``.
 
-Counters are kept by the Lua scripts inside the Redis call each step already
-makes (no extra round trip on the hot path): an all-time hash
-(``keys.METRICS_TOTAL``) and one hash per minute (``keys.metrics_minute``), kept
-20 minutes, with fields ``kind|lane|type[|extra]``. The few counts made outside
-a script (rejections found before admission, dead-letter rows that could not be
-written, the maintenance loop's passes) are written here, in the same layout.
+Counters live in an all-time hash (``keys.METRICS_TOTAL``) and one hash per
+minute (``keys.metrics_minute``), kept 20 minutes, with fields
+``kind|lane|type[|extra]``. Three writers share that layout: each task's own
+counts add up in process and are written in batches (``lanes.counters``), the
+counts a script must make atomically with its decision (its rejections,
+retries, limits, expiries) stay in the Lua scripts, and the few made outside
+both (rejections found before admission, dead-letter rows that could not be
+written, the maintenance loop's passes) are written here, off the hot path.
 """
 
 from __future__ import annotations

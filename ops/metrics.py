@@ -18,8 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from lanes import capacity, counters, histogram, keys
 from lanes import consumers as lane_consumers
-from lanes import counters, histogram, keys
 from lanes.metrics import MAINTENANCE_COUNTS
 from lanes.priorities import from_kombu
 from ops import limit_stats
@@ -304,7 +304,45 @@ def maybe_sample(client: Redis, lanes: Iterable[str], now: float | None = None) 
     return True
 
 
+#: A limit's current rate spans at least this many seconds (one sample interval more, at most):
+#: the 1-minute figure of a limit that just started is its partial minute's average, far under it.
+CURRENT_RATE_MIN_S = 10.0
+#: Seconds of limit samples kept.
+LIMIT_SAMPLE_KEEP_S = 120.0
+
+
+def record_limit_sample(client: Redis, now: float, totals: Counters | None = None) -> None:
+    """One sample of every limit's all-time admitted count (what ``current_limit_rates`` compares with)."""
+    totals = read_totals(client) if totals is None else totals
+    admitted = {k[1]: v for k, v in totals.items() if k[0] == "lim_admitted" and len(k) == 2}
+    pipe = client.pipeline(transaction=False)
+    pipe.zadd(keys.LIMIT_SAMPLES, {f"{now:.3f}|{json.dumps(admitted, sort_keys=True)}": now})
+    pipe.zremrangebyscore(keys.LIMIT_SAMPLES, "-inf", now - LIMIT_SAMPLE_KEEP_S)
+    pipe.expire(keys.LIMIT_SAMPLES, int(LIMIT_SAMPLE_KEEP_S) + 60)
+    pipe.execute()
+
+
+def current_limit_rates(client: Redis, now: float, totals: Counters) -> dict[str, float]:
+    """Admitted/s of each limit since the newest sample at least :data:`CURRENT_RATE_MIN_S` old."""
+    found = client.zrevrangebyscore(keys.LIMIT_SAMPLES, now - CURRENT_RATE_MIN_S, now - LIMIT_SAMPLE_KEEP_S,
+                                    start=0, num=1)
+    if not found:
+        return {}
+    try:
+        at, _, counts = _text(found[0]).partition("|")
+        then, before = float(at), json.loads(counts)
+    except ValueError:
+        return {}
+    span = now - then
+    out = {}
+    for k, v in totals.items():
+        if k[0] == "lim_admitted" and len(k) == 2 and span > 0:
+            out[k[1]] = round(max(0.0, v - float(before.get(k[1], 0.0))) / span, 3)
+    return out
+
+
 def record_sample(client: Redis, lanes: Iterable[str], now: float) -> None:
+    record_limit_sample(client, now)
     names = list(lanes)
     if not names:
         return
@@ -424,6 +462,41 @@ def read_maintenance(client: Redis) -> dict[str, float]:
     return {name: raw.get(name, 0.0) for name in (*MAINTENANCE_COUNTS, "last_run")}
 
 
+#: Below this many waiting tasks the room is projected at the measured bytes per task (lanes.capacity),
+#: above it at what Redis holds per waiting task now (all of used_memory counted: the room errs low).
+ROOM_MIN_BACKLOG = 1000
+
+
+def read_memory(client: Redis, waiting: int, high: float) -> dict[str, Any]:
+    """Redis memory used, its maxmemory, admission's limit there, and the room below it in waiting tasks.
+
+    Without a maxmemory the limit is ``high`` of the machine's memory (Redis would grow until the
+    kernel stops it); ``limited_by`` says which.
+    """
+    info = client.info("memory")
+    used, maxmemory = int(info["used_memory"]), int(info.get("maxmemory", 0))
+    limit = capacity.memory_limit(maxmemory, high)
+    limited_by = "maxmemory"
+    if limit is None:
+        limit = capacity.memory_limit(int(info.get("total_system_memory", 0)), high)
+        limited_by = "machine memory" if limit is not None else "none"
+    per_task = capacity.PATHS["plain"].bytes_waiting
+    if waiting >= ROOM_MIN_BACKLOG:
+        per_task = used / waiting
+    return {"used_bytes": used, "maxmemory_bytes": maxmemory, "limit_bytes": limit, "limited_by": limited_by,
+            "bytes_per_task": round(per_task, 1), "waiting": waiting,
+            "room_tasks": capacity.room_tasks(used, limit, per_task),
+            "used_human": _human_bytes(used), "limit_human": _human_bytes(limit) if limit else "-"}
+
+
+def _human_bytes(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} GiB"
+
+
 def snapshot(client: Redis | None = None, now: float | None = None,
              lane_names: list[str] | None = None) -> dict[str, Any]:
     """Everything the dashboard and ``manage.py lanes`` show, as JSON-able data."""
@@ -461,10 +534,11 @@ def snapshot(client: Redis | None = None, now: float | None = None,
             consumers=holders.get(lane.name, []),
         ))
     window = merge(minutes)
-    totals = read_totals(client)
-    limits = limit_stats.read_limits(
-        client, now, rates=limit_stats.counter_rates(minutes, RATE_WINDOWS, elapsed, rate),
-        totals=limit_stats.counter_totals(totals))
+    all_time = read_totals(client)
+    rates = limit_stats.counter_rates(minutes, RATE_WINDOWS, elapsed, rate)
+    for name, per_s in current_limit_rates(client, now, all_time).items():
+        rates.setdefault(name, {}).setdefault("admitted", {})["now"] = per_s
+    limits = limit_stats.read_limits(client, now, rates=rates, totals=limit_stats.counter_totals(all_time))
     return {
         "generated_at": now,
         "lanes": [row.as_dict() for row in rows],
@@ -473,7 +547,8 @@ def snapshot(client: Redis | None = None, now: float | None = None,
         "rejections": {"by_reason_15m": rejections_by_reason(window)[:20],
                        "recent": read_recent_rejections(client)},
         "dead_letters_total": sum(dead.values()),
-        "chats_repaired": chats_repaired(totals),
+        "redis_memory": read_memory(client, sum(g.waiting for g in gauges.values()), settings.DISPATCH_MEMORY_HIGH),
+        "chats_repaired": chats_repaired(all_time),
     }
 
 
@@ -515,6 +590,7 @@ def limit_table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             f"{b['key']}:{b['in_flight']}+{b['waiting']}" for b in lim["busiest"] if lim["scope"] != "global")
         rows.append({
             "limit": lim["name"], "scope": lim["scope"] + (" fair" if lim["fair_share"] else ""),
+            "rate/s now": format_rate(lim["admitted_per_s"]["now"]) if "now" in lim["admitted_per_s"] else "-",
             "rate/s 1m": format_rate(rate_1m),
             "limit/s": format_rate(lim["rate"]) if lim["rate"] else "-",
             "in flight": lim["in_flight"], "cap": lim["cap"] if lim["cap"] is not None else "-",

@@ -198,6 +198,25 @@ def topology_families(topology: dict) -> list[Metric]:
     ]
 
 
+def memory_families(memory: dict) -> list[Metric]:
+    """Redis memory against admission's limit (``ops.metrics.read_memory``): the room, in tasks."""
+    families = [
+        GaugeMetricFamily("dispatch_redis_used_memory_bytes", "Redis INFO used_memory.", value=memory["used_bytes"]),
+        GaugeMetricFamily("dispatch_redis_maxmemory_bytes", "Redis maxmemory (0: none set).",
+                          value=memory["maxmemory_bytes"]),
+        GaugeMetricFamily("dispatch_redis_bytes_per_waiting_task", "Bytes per waiting task the room is projected at.",
+                          value=memory["bytes_per_task"]),
+    ]
+    if memory["limit_bytes"] is not None:
+        families.append(GaugeMetricFamily(
+            "dispatch_redis_memory_limit_bytes", "used_memory past which admission refuses (redis_memory_high).",
+            value=memory["limit_bytes"]))
+        families.append(GaugeMetricFamily(
+            "dispatch_redis_room_tasks", "Waiting tasks that still fit below the memory limit.",
+            value=memory["room_tasks"]))
+    return families
+
+
 class DispatchCollector(Collector):
     """Reads Redis and the lane table at each scrape."""
 
@@ -216,9 +235,10 @@ class DispatchCollector(Collector):
         for name, holders in lane_consumers.read_holders(client, lanes, now).items():
             lanes[name]["consumers"] = len(holders)
         totals = metrics.read_totals(client)
+        gauges = metrics.read_gauges(client, lanes, now, settings.DISPATCH_LEASE_S)
         yield from families(
             totals=totals,
-            gauges=metrics.read_gauges(client, lanes, now, settings.DISPATCH_LEASE_S),
+            gauges=gauges,
             lanes=lanes,
             chats=metrics.read_chats(client, top=1),
             dead_letters=metrics.dead_letter_counts(),
@@ -226,6 +246,8 @@ class DispatchCollector(Collector):
             limits=limit_stats.read_limits(client, now, rates={}, totals={}, top=0),
         )
         yield from topology_families(redis_topology())
+        yield from memory_families(metrics.read_memory(client, sum(g.waiting for g in gauges.values()),
+                                                       settings.DISPATCH_MEMORY_HIGH))
         yield from worker_families(lane_consumers.read_workers(client, now))
 
 

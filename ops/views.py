@@ -106,6 +106,8 @@ def _live_context(request: HttpRequest) -> dict:
         for kind in ("admitted", "throttled"):
             lim[f"{kind}_rates"] = {f"{w}m": metrics.format_rate(lim[f"{kind}_per_s"].get(f"{w}m", 0.0))
                                     for w in metrics.RATE_WINDOWS}
+        now_rate = lim["admitted_per_s"].get("now")
+        lim["admitted_now"] = "-" if now_rate is None else metrics.format_rate(now_rate)
     return {
         "snap": snap,
         "can_control": _can_control(request),

@@ -88,7 +88,7 @@ class TaskTypeForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance.pk and not self.is_bound:
             self.initial["limit_names"] = ", ".join(self.instance.limit_names())
-        # Batch fields left out of a post (a form from before issue 16) keep their defaults.
+        # Batch fields left out of a post (a form from before batching) keep their defaults.
         for name in ("batch_size", "batch_window_ms"):
             self.fields[name].required = False
         defined = list(Limit.objects.values_list("name", flat=True)[:50])
@@ -131,17 +131,19 @@ class TaskTypeForm(forms.ModelForm):
 class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
     form = TaskTypeForm
     # Enabled right after the name: the list scrolls sideways in its box, and the
-    # last column was out of sight at 1,400 px with the sidebars (issue 13).
+    # last column was out of sight at 1,400 px with the sidebars.
     list_display = ("name", "enabled", "handler", "lane", "priority", "chat_scoped", "timeout", "attempt_timeout",
                     "batch_size")
-    list_filter = ("lane", "handler", "chat_scoped", "enabled")
+    list_filter = ("lane", "handler", "chat_scoped", "shared", "enabled")
     search_fields = ("name",)
     fieldsets = (
         (None, {"fields": ("name", "handler", "lane", "priority", "enabled", "options")}),
         ("Limits", {"fields": ("limit_names",)}),
-        ("Time and retries", {"fields": ("timeout", "attempt_timeout", "retry_policy")}),
+        ("Time and retries", {"fields": ("timeout", "attempt_timeout", "max_delay", "retry_policy")}),
         ("Ordering and bounds", {"fields": ("chat_scoped", "chat_queue_size", "max_payload_bytes",
                                             "idempotency_window")}),
+        ("Callers", {"fields": ("shared",)}),
+        ("Results", {"fields": ("store_result",)}),
         ("Batching (batched handlers only)", {"fields": ("batch_size", "batch_window_ms")}),
     )
 

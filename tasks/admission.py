@@ -1,11 +1,11 @@
-"""Admission of one dispatch, shared by ``dispatch`` (one call) and ``dispatch_many`` (a chunk per call).
+"""The steps of admission, which ``tasks.bulk.Admission`` runs for every dispatch (one alone, or a chunk).
 
 ``prepare`` validates a dispatch against the task types in force and builds
-admit.lua's arguments; ``interpret`` turns admit.lua's reply into the
-``DispatchResult`` the caller gets; ``unavailable`` is the answer when Redis
-did not give one. ``tasks.dispatch.admit`` runs them for one item,
-``tasks.bulk.dispatch_many`` for many items in one round trip: both accept and
-refuse exactly the same input, with the same reasons.
+its admit.lua item (``script_chunk`` what a chunk's items share);
+``interpret`` turns admit.lua's decoded reply into the ``DispatchResult`` the
+caller gets; ``unavailable`` is the answer when Redis did not give one.
+``dispatch.delay`` is a chunk of one, ``dispatch_many`` chunks of many: both
+accept and refuse exactly the same input, with the same reasons.
 """
 
 from __future__ import annotations
@@ -23,10 +23,11 @@ from django.conf import settings
 
 from lanes import keys
 from lanes.consumers import no_consumer_detail
+from lanes.lua import admit
 from lanes.messages import Envelope, build_message, hard_limit_grace_s
 from lanes.priorities import to_kombu
 from tasks import cancel as cancelling
-from tasks import config
+from tasks import config, results
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
 from tasks.schedule import due_at
@@ -46,11 +47,20 @@ class DispatchResult:
     estimated_delay: float | None = None
     #: The task's chat ('' if none), so that ``cancel`` finds its record in one step; not in ``as_dict``.
     chat_id: str = field(default="", repr=False, compare=False)
+    #: Its type's ``store_result``: where ``get`` waits for the outcome; not in ``as_dict``.
+    store_result: str = field(default="always", repr=False, compare=False)
 
     def get(self, timeout: float | None = None, propagate: bool = True, interval: float = 0.1) -> Any:
-        """Wait for the task's outcome, like Celery's ``AsyncResult.get``."""
+        """Wait for the task's outcome, like Celery's ``AsyncResult.get``.
+
+        A type that keeps no row for its successes (``store_result`` 'failures' or 'never') is waited
+        for in Redis, which keeps a task's outcome for a few minutes after it ended.
+        """
         if not self.task_id:
             raise ValueError(f"dispatch was not accepted ({self.reason}): there is no task to wait for")
+        if self.store_result != "always":
+            return results.outcome_from_redis(self.task_id, timeout, propagate, interval,
+                                              failures_have_rows=self.store_result == "failures")
         return self.async_result().get(timeout=timeout, propagate=propagate, interval=interval)
 
     def cancel(self, reason: str = "", *, by: str = "") -> cancelling.CancelResult:
@@ -68,7 +78,7 @@ class DispatchResult:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        del out["chat_id"]
+        del out["chat_id"], out["store_result"]
         return out
 
 
@@ -83,7 +93,7 @@ def payload_digest(payload_json: str) -> str:
 
 @dataclass(slots=True)
 class Prepared:
-    """One dispatch validated against a config snapshot: admit.lua's arguments, and what reading its reply needs.
+    """One dispatch validated against a config snapshot: its admit.lua item, and what reading its reply needs.
 
     Not frozen, like ``Checked``: a frozen dataclass's ``__init__`` sets each field through
     ``object.__setattr__``, four times the cost, paid per item of a bulk dispatch; nothing changes one.
@@ -93,37 +103,47 @@ class Prepared:
     checked: Checked
     now: float
     task_id: str
-    #: ``lanes.lua.admit.admit``'s keyword arguments.
-    script_args: dict[str, Any]
+    item: admit.Item
     #: When it was sent for later (``countdown``/``eta``): its due time, seconds since the epoch.
     due: float | None = None
 
 
-class SharedSettings(NamedTuple):
-    """The settings ``prepare`` reads, read once for a chunk of a bulk dispatch (a Django setting is a
-    Python-level lookup: three of them were a twentieth of its CPU an item)."""
+class ChunkContext(NamedTuple):
+    """What every dispatch of one admission call shares: its time (admit.lua admits a chunk at one
+    time) and the settings ``prepare`` reads, read once a chunk (a Django setting is a Python-level
+    lookup: three of them were a twentieth of a bulk item's CPU)."""
 
+    now: float  # epoch seconds
     grace_s: float  # lanes.messages.hard_limit_grace_s()
     queued_lease_ms: int
 
 
-def shared_settings() -> SharedSettings:
-    return SharedSettings(hard_limit_grace_s(), int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
+def chunk_context() -> ChunkContext:
+    """The context of a chunk admitted now."""
+    return ChunkContext(time.time(), hard_limit_grace_s(), int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
+
+
+def script_chunk(snap: config.Snapshot, tc: config.TypeConf, context: ChunkContext,
+                 replace_idempotency: bool = False) -> admit.Chunk:
+    """admit.lua's chunk arguments for dispatches of ``tc`` prepared under ``snap`` and ``context``."""
+    lane = snap.lanes.get(tc.lane)
+    return admit.Chunk(
+        version=snap.version, now=context.now, lane=tc.lane, task_type=tc.name,
+        accepting=lane is None or lane.accepting, capacity=lane.capacity if lane else 0,
+        chat_queue_size=tc.chat_queue_size, idempotency_window_s=tc.idempotency_window_s,
+        queued_lease_ms=context.queued_lease_ms, replace_idempotency=replace_idempotency,
+    )
 
 
 def prepare(
-    snap: config.Snapshot, task_type: Any, payload: Any, *, task_id: str, replace_idempotency: bool = False,
+    snap: config.Snapshot, task_type: Any, payload: Any, *, task_id: str, context: ChunkContext,
     chat_id: Any = None, priority: Any = None, idempotency_key: Any = None, timeout: Any = None,
     metadata: Any = None, limit_key: Any = None, countdown: Any = None, eta: Any = None, retry_policy: Any = None,
-    now: float | None = None, shared: SharedSettings | None = None,
 ) -> Prepared:
     """Validate one dispatch against ``snap`` and build its message; raise ``Invalid`` naming what is wrong.
 
-    Shared by ``admit`` (one call) and ``tasks.bulk.dispatch_many`` (a chunk
-    of them in one round trip), so both accept and refuse exactly the same input.
-    ``now``: the dispatch's time (epoch seconds), the clock's when not given; a
-    chunk of a bulk dispatch shares one, as it shares one admission call, and
-    ``shared``, the settings it reads (``shared_settings()``).
+    Every dispatch goes through here, one alone or many in a chunk (``tasks.bulk``),
+    so all accept and refuse exactly the same input.
     """
     tc = snap.types.get(task_type) if isinstance(task_type, str) else None
     if tc is None:
@@ -135,10 +155,8 @@ def prepare(
         chat_id=chat_id, idempotency_key=idempotency_key, metadata=metadata,
     )
     bases = _limit_bases(tc, checked.chat_id, limit_key) if tc.limits or limit_key is not None else ()
-    lane = snap.lanes.get(tc.lane)
     chat = checked.chat_id if tc.chat_scoped else ""
-    if now is None:
-        now = time.time()
+    now = context.now
     due = None
     if countdown is not None or eta is not None:
         due = due_at(countdown=countdown, eta=eta, now_s=now, deadline_s=now + checked.timeout_s,
@@ -152,28 +170,20 @@ def prepare(
         due=due or 0.0,
     )
     soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
-    if shared is None:
-        shared = shared_settings()
-    message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit, shared.grace_s)
-    script_args = {
-        "version": snap.version, "now": now, "task_id": task_id, "message": message,
-        "kombu_priority": to_kombu(checked.priority), "lane": tc.lane, "task_type": tc.name,
-        "accepting": lane is None or lane.accepting, "capacity": lane.capacity if lane else 0, "chat": chat,
-        "chat_queue_size": tc.chat_queue_size, "idempotency_key": checked.idempotency_key or "",
-        "payload_digest": payload_digest(checked.payload_json) if checked.idempotency_key else "",
-        "idempotency_window_s": tc.idempotency_window_s,
-        "queued_lease_ms": shared.queued_lease_ms,
-        "replace_idempotency": replace_idempotency, "deadline": envelope.deadline, "limits": bases,
-        "due": due or 0.0,
-    }
-    return Prepared(tc, checked, now, task_id, script_args, due)
+    message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit, context.grace_s)
+    item = admit.Item(
+        task_id, message, to_kombu(checked.priority), chat, checked.idempotency_key or "",
+        payload_digest(checked.payload_json) if checked.idempotency_key else "", envelope.deadline, bases,
+        due or 0.0,
+    )
+    return Prepared(tc, checked, now, task_id, item, due)
 
 
 #: The options a caller may give one dispatch (``prepare``'s, as ``dispatch.delay`` takes them), by name and
 #: in bulk items: an option added to ``prepare`` is accepted everywhere at once.
 DISPATCH_OPTIONS = frozenset(
     name for name, param in inspect.signature(prepare).parameters.items()
-    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "replace_idempotency", "now", "shared")
+    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "context")
 )
 
 
@@ -195,6 +205,13 @@ def rejected_invalid(snap: config.Snapshot, task_type: Any, exc: Invalid) -> Dis
     return _rejected(name, tc.lane if tc else "", exc.reason, exc.detail)
 
 
+def memory_high(snap: config.Snapshot, task_type: Any, detail: str) -> DispatchResult:
+    """``redis_memory_high``: refused before its admission script, while Redis is near its maxmemory."""
+    tc = snap.types.get(task_type) if isinstance(task_type, str) else None
+    name = tc.name if tc else task_type[:100] if isinstance(task_type, str) else shown(task_type, 100)
+    return _rejected(name, tc.lane if tc else "", "redis_memory_high", detail)
+
+
 def config_kept_changing() -> DispatchResult:
     return DispatchResult(accepted=False, reason="unavailable", detail="configuration kept changing during dispatch")
 
@@ -214,6 +231,16 @@ def _check_policy(name: Any, snap: config.Snapshot) -> None:
         raise Invalid("unknown_retry_policy", f"no retry policy named {shown(name, 80)} (known: {known})")
 
 
+def out_of_memory(exc: redis.RedisError) -> bool:
+    """Whether Redis refused for its ``maxmemory`` (``noeviction``): a script refused so had written nothing.
+
+    Redis checks it at a script's first write (6.2) or before the script runs (7), never
+    between two writes of one script; from inside a script the error is a ResponseError
+    whose text carries the ``-OOM`` reply.
+    """
+    return isinstance(exc, redis.exceptions.OutOfMemoryError) or "OOM command not allowed" in str(exc)
+
+
 def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     """``unavailable``, saying whether the admission script may have run.
 
@@ -223,6 +250,10 @@ def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     stored. Either way a caller retries with the same idempotency key, which
     returns the stored task if there is one and never makes a second.
     """
+    if out_of_memory(exc):
+        return DispatchResult(accepted=False, reason="unavailable",
+                              detail="Redis is out of memory (its maxmemory is reached): nothing was written; "
+                                     "retry later")
     never_sent = task_id is None or isinstance(exc, (redis.AuthenticationError, redis.BusyLoadingError)) or (
         isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) and "connecting to" in str(exc))
     if never_sent:
@@ -233,34 +264,37 @@ def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     return DispatchResult(accepted=False, reason="unavailable", detail=detail)
 
 
-def interpret(reply: list, status: str, prepared: Prepared, limits: dict[str, dict] | None = None) -> DispatchResult:
-    """The ``DispatchResult`` admit.lua's ``reply`` (not 'stale') means for ``prepared``."""
+def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | None = None) -> DispatchResult:
+    """The ``DispatchResult`` admit.lua's ``reply`` (not ``Stale``) means for ``prepared``."""
     tc, checked, task_id, now = prepared.tc, prepared.checked, prepared.task_id, prepared.now
-    if status == "dup":
-        return DispatchResult(True, reply[1].decode(), tc.lane, checked.priority, duplicate=True)
-    if status == "conflict":
+    if isinstance(reply, admit.Duplicate):
+        return DispatchResult(True, reply.task_id, tc.lane, checked.priority, duplicate=True,
+                              store_result=tc.store_result)
+    if isinstance(reply, admit.Conflict):
         return _rejected(
             tc.name, tc.lane, "idempotency_conflict",
-            f"idempotency key {checked.idempotency_key!r} was used by task {reply[1].decode()} with another payload",
+            f"idempotency key {checked.idempotency_key!r} was used by task {reply.task_id} with another payload",
         )
-    if status == "rej":
-        reason = reply[1].decode()
+    if isinstance(reply, admit.Rejected):
+        reason = reply.reason
         detail = {
             "lane_closed": f"lane '{tc.lane}' is not accepting tasks",
-            "lane_full": f"lane '{tc.lane}' holds {int(reply[2])} tasks, its capacity",
+            "lane_full": f"lane '{tc.lane}' holds {reply.depth} tasks, its capacity",
             "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
         }.get(reason, reason)
         return _rejected(tc.name, tc.lane, reason, detail)
-    position = int(reply[1])
-    waits_on = reply[10].decode() if len(reply) > 10 else ""
+    if not isinstance(reply, admit.Admitted):
+        raise TypeError(f"interpret: no result for {reply!r}")
+    position, inputs = reply.position, reply.estimate
     limit = None
-    if waits_on:  # a limit did not admit it yet: its turn there bounds the wait
-        name = waits_on[len(keys.LIMIT_PREFIX):].split(":", 1)[0]
-        limit = limit_wait(name, int(reply[11]), (limits or {}).get(name), paused_for_s=int(reply[12]) / 1000)
-    paused, consumers = int(reply[8]) == 1, int(reply[9])
+    if reply.waits_on:  # a limit did not admit it yet: its turn there bounds the wait
+        name = reply.waits_on[len(keys.LIMIT_PREFIX):].split(":", 1)[0]
+        limit = limit_wait(name, reply.waiting_ahead, (limits or {}).get(name), paused_for_s=reply.paused_ms / 1000)
+    paused, consumers = inputs.paused, inputs.live_consumers
     estimated, why = estimate_delay(
-        lane=tc.lane, ahead_in_lane=int(reply[5]), ahead_in_chat=position - 1 if tc.chat_scoped else 0,
-        completed=int(reply[3]) + int(reply[4]), busy_s=float(reply[6]) + float(reply[7]),
+        lane=tc.lane, ahead_in_lane=reply.ahead, ahead_in_chat=position - 1 if tc.chat_scoped else 0,
+        completed=inputs.completed_this_minute + inputs.completed_previous_minute,
+        busy_s=inputs.busy_s_this_minute + inputs.busy_s_previous_minute,
         window_s=60 + now % 60, paused=paused, consumers=consumers, limit=limit,
     )
     if consumers == 0 and not paused:
@@ -272,6 +306,6 @@ def interpret(reply: list, status: str, prepared: Prepared, limits: dict[str, di
         estimated, why = round(max(estimated or 0.0, due - now), 3), ""
     chat = checked.chat_id if tc.chat_scoped else ""
     result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
-                            estimated_delay=estimated, chat_id=chat)
+                            estimated_delay=estimated, chat_id=chat, store_result=tc.store_result)
     lifecycle.emit_queued(task_id, tc.name, tc.lane, chat)
     return result

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterable
 
 from django.apps import AppConfig
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 
 class TasksConfig(AppConfig):
@@ -23,7 +25,20 @@ class TasksConfig(AppConfig):
 
         registry.bind(current_app._get_current_object(), HandlerTask, BatchHandlerTask)
         receivers.connect()
-        # Modules whose receivers must be connected in every process, workers
-        # included (worker-side signals fire in the worker): DISPATCH_HOOK_MODULES.
+        # The users' handlers (DISPATCH_HANDLER_MODULES), declared in every process so the
+        # admin offers them and workers run them; then the modules whose receivers must be
+        # connected where the signals fire, workers included (DISPATCH_HOOK_MODULES).
+        import_modules("DISPATCH_HANDLER_MODULES", getattr(settings, "DISPATCH_HANDLER_MODULES", ()))
         for module in getattr(settings, "DISPATCH_HOOK_MODULES", ()):
             importlib.import_module(module)
+
+
+def import_modules(setting: str, modules: Iterable[str]) -> None:
+    """Import each module a setting names; one that fails stops the process with a message naming it."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as exc:
+            raise ImproperlyConfigured(f"{setting}: cannot import {module!r}: {type(exc).__name__}: {exc} "
+                                       f"(a module path importable from the project folder or PYTHONPATH, "
+                                       f"e.g. myhandlers for ./myhandlers.py)") from exc

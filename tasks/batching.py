@@ -122,7 +122,8 @@ def _item_of(task: Task, raw: bytes, owner: str) -> Attempt | None:
         logger.error("batch_item_malformed error=%r", exc)
         return None  # its claim's lease runs out; the single path then dead-letters it as malformed
     request = CeleryContext(
-        task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
+        task=task.name, shadow=headers.get("shadow"), argsrepr=headers.get("argsrepr"),
+        kwargsrepr=headers.get("kwargsrepr"),
         hostname=getattr(task.request, "hostname", None), periodic_task_name=None, meta={}, children=[],
         dispatch_settle=None,
     )
@@ -265,6 +266,13 @@ class _Batch:
 
     def _store_rows(self, rows: list[tuple[Attempt, Any, str]]) -> None:
         """The extra items' result rows in one statement; then their finished records may be settled."""
+        kept = []
+        for item, value, state in rows:
+            if results.keeps_row(item.env.type, state):
+                kept.append((item, value, state))
+            elif (settle := item.request.dispatch_settle) and settle[1] == state:
+                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
+        rows = kept
         if not rows:
             return
         backend = self.task.backend

@@ -1,46 +1,48 @@
-"""``dispatch_many``: many dispatches of one task type, one Redis round trip per chunk of items.
+"""Admission's one path (``Admission``): ``dispatch.delay`` is a chunk of one, ``dispatch_many`` chunks of many.
 
-Each item is admitted or rejected on its own, exactly as ``dispatch.delay``
-would (the same validation, the same admission steps, the same reasons), and
-the results come back in input order. What changes is the cost: a chunk of
-``CHUNK_ITEMS`` items is validated in the caller and admitted by one
-admit_many.lua call (each item by ``admit_one``, the steps admit.lua runs for
-one dispatch), the chunks pipelined on one connection, so a chunk pays one
-round trip and one script call instead of one of each per item. The contract
-is the same: accepted means stored; an item whose answer was lost with the
-connection is ``unavailable`` with "outcome unknown", and a retry with the same
-idempotency keys returns the stored tasks and never makes a second.
+``dispatch_many`` admits many dispatches of one task type, one Redis round
+trip per chunk of items. Each item is admitted or rejected on its own, exactly
+as ``dispatch.delay`` would (the same validation, the same admission steps,
+the same reasons), and the results come back in input order. What changes is
+the cost: a chunk of up to ``CHUNK_ITEMS`` items is validated in the caller
+and admitted by one admit.lua call (each item by ``admit_one``, _admit.lua),
+the chunks pipelined on one connection, so a chunk pays one round trip and one
+script call instead of one of each per item. The contract is the same:
+accepted means stored; an item whose answer was lost with the connection is
+``unavailable`` with "outcome unknown", and a retry with the same idempotency
+keys returns the stored tasks and never makes a second.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import os
-import time
+import threading
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import redis
 from celery import shared_task
 from django.conf import settings
 
-from lanes.lua import admit_many
-from lanes.lua.admit import count_dispatched, reports_a_task
+from lanes import memory_guard
+from lanes.forksafe import ForkSafeLock
+from lanes.lua import admit
 from lanes.lua.loader import NotSent
 from tasks import config
 from tasks.admission import (
     DISPATCH_OPTIONS,
     DispatchResult,
     Prepared,
+    chunk_context,
     config_kept_changing,
     confirm_config,
     interpret,
+    memory_high,
     prepare,
     rejected_invalid,
-    shared_settings,
+    script_chunk,
     unavailable,
 )
 from tasks.validation import Invalid, shown
@@ -50,7 +52,7 @@ logger = logging.getLogger(__name__)
 #: Items admitted in one Redis round trip: large enough that the round trip is
 #: noise, small enough that one chunk's scripts keep Redis busy for only a few ms.
 CHUNK_ITEMS = 500
-#: Rounds a chunk makes when admit.lua answers 'stale' (an admin save landed mid-chunk).
+#: Rounds a chunk makes when admit.lua answers ``Stale`` (an admin save landed mid-chunk).
 MAX_ROUNDS = 4
 #: Chunks sent and not answered yet, at most: Redis has the next ones while the caller prepares
 #: another, through the jitter of either side.
@@ -78,7 +80,7 @@ def chunk_sizes(total: int) -> list[int]:
 
 
 def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None = None,
-                  metadata: dict | None = None) -> list[DispatchResult]:
+                  metadata: dict | None = None, id_prefix: str = "") -> list[DispatchResult]:
     """Dispatch each of ``items`` as a task of ``task_type``; one ``DispatchResult`` per item, in order.
 
     An item is a payload (a JSON object), or a pair ``(payload, options)``
@@ -88,34 +90,8 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
     own options win. Never raises for bad input: a bad item is a rejection with
     its reason, and the other items are admitted regardless.
 
-    Python's cyclic garbage collector is paused for the call (``collector_paused``).
+    ``id_prefix`` starts every new task id (the HTTP API marks its caller's tasks so: ``api.tenancy``).
     """
-    with collector_paused():
-        return _dispatch_many(task_type, items, timeout=timeout, metadata=metadata)
-
-
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the block, as ``timeit`` does, and restore it after.
-
-    A bulk call makes tens of thousands of objects that live until it returns
-    (an item's entry, options and result), and the collector's generation
-    thresholds then walked the caller's whole heap for them about once per
-    5,000 items: a fifth of the call's time (``gc.callbacks``, BENCHMARKS.md).
-    Objects are still freed as their last reference goes; only the search for
-    reference cycles waits for the end of the call.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None,
-                   metadata: dict | None) -> list[DispatchResult]:
     entries = list(items)
     results: list[DispatchResult | None] = [None] * len(entries)
     try:
@@ -124,15 +100,127 @@ def _dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | Non
         return [unavailable(exc, None) for _ in entries]
     defaults = {"timeout": timeout, "metadata": metadata}
     queue: deque[tuple[int, Any, dict[str, Any], str]] = deque()
-    for (index, item), task_id in zip(enumerate(entries), new_task_ids(len(entries)), strict=True):
+    task_ids = new_task_ids(len(entries))
+    if id_prefix:
+        task_ids = [id_prefix + task_id for task_id in task_ids]
+    for (index, item), task_id in zip(enumerate(entries), task_ids, strict=True):
         try:
             payload, options = split_item(item, defaults)
         except Invalid as exc:
             results[index] = rejected_invalid(snap, task_type, exc)
             continue
         queue.append((index, payload, options, task_id))
-    _Admission(task_type, snap, results).run(queue)
-    return results  # type: ignore[return-value]  # _Admission.run fills every slot left
+    Admission(task_type, snap, results).run(queue)
+    return results  # type: ignore[return-value]  # Admission.run fills every slot left
+
+
+def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id: str,
+              replace_idempotency: bool = False) -> DispatchResult:
+    """One dispatch (``dispatch.delay``): a chunk of one through ``Admission``, the way every dispatch goes.
+
+    Calls made from other threads of this process while one is in Redis wait for it and then go
+    together, a chunk per task type in one round trip (``Joiner``): eight threads dispatching at once
+    pay about one round trip for each turn, not eight. A call on an idle process goes at once.
+    """
+    return _JOINER.admit(Waiting(task_type, payload, options, task_id, replace_idempotency))
+
+
+def _admit_now(entries: list[Waiting]) -> None:
+    """Admit ``entries`` (each gets its ``result``): one ``Admission`` per task type, in their order."""
+    try:
+        snap = config.current()
+    except redis.RedisError as exc:
+        for entry in entries:
+            entry.result = unavailable(exc, None)
+        return
+    by_kind: dict[tuple[Any, bool], list[Waiting]] = {}
+    for entry in entries:
+        key = (entry.task_type if isinstance(entry.task_type, str) else id(entry.task_type), entry.replace)
+        by_kind.setdefault(key, []).append(entry)
+    for group in by_kind.values():
+        results: list[DispatchResult | None] = [None] * len(group)
+        queue = deque((i, e.payload, e.options, e.task_id) for i, e in enumerate(group))
+        Admission(group[0].task_type, snap, results, replace_idempotency=group[0].replace).run(queue)
+        for entry, result in zip(group, results, strict=True):
+            entry.result = result
+
+
+class Waiting:
+    """One ``dispatch.delay`` call on its way through the ``Joiner``."""
+
+    __slots__ = ("options", "payload", "replace", "result", "task_id", "task_type", "turn")
+
+    def __init__(self, task_type: Any, payload: Any, options: dict[str, Any], task_id: str,
+                 replace: bool) -> None:
+        self.task_type, self.payload, self.options, self.task_id = task_type, payload, options, task_id
+        self.replace = replace
+        self.result: DispatchResult | None = None
+        self.turn: threading.Event | None = None  # set when its result is in, or when it leads the next turn
+
+
+class Joiner:
+    """Concurrent single dispatches of one process share round trips (group commit, in the caller).
+
+    One call at a time is in Redis: its caller *leads*. Calls made meanwhile wait in ``waiting``;
+    when the leader's call returns, the first of them leads the next turn, which admits every call
+    waiting by then at once. No call waits for more than the call in Redis and its own turn.
+    """
+
+    def __init__(self) -> None:
+        self._lock = ForkSafeLock()
+        self._busy = False
+        self._waiting: list[Waiting] = []
+
+    def admit(self, entry: Waiting) -> DispatchResult:
+        with self._lock:
+            lead = not self._busy
+            if lead:
+                self._busy = True
+            else:
+                entry.turn = threading.Event()
+                self._waiting.append(entry)
+        if not lead:
+            assert entry.turn is not None
+            entry.turn.wait()
+            if entry.result is not None:
+                return entry.result
+            turn, entry.turn = self._take_turn(entry), None
+        else:
+            turn = [entry]
+        self._run(turn)
+        self._hand_on()
+        assert entry.result is not None
+        return entry.result
+
+    def _take_turn(self, leader: Waiting) -> list[Waiting]:
+        with self._lock:
+            turn, self._waiting = self._waiting, []
+        return [leader, *(e for e in turn if e is not leader)]
+
+    @staticmethod
+    def _run(turn: list[Waiting]) -> None:
+        try:
+            _admit_now(turn)
+        finally:
+            for entry in turn:
+                if entry.result is None:  # never expected: Admission fills every result
+                    entry.result = DispatchResult(False, reason="unavailable", detail="dispatch failed in the caller")
+            for entry in turn[1:]:
+                assert entry.turn is not None
+                entry.turn.set()
+
+    def _hand_on(self) -> None:
+        """The next waiting call leads (it takes everyone waiting); none waiting: idle again."""
+        with self._lock:
+            if not self._waiting:
+                self._busy = False
+                return
+            nxt = self._waiting[0]  # it takes itself and the rest in _take_turn
+        assert nxt.turn is not None
+        nxt.turn.set()
+
+
+_JOINER = Joiner()
 
 
 #: A version 4 UUID's variant digit (``10xx`` in its top bits) for each hex digit of random bits.
@@ -175,21 +263,25 @@ def split_item(item: Any, defaults: dict[str, Any]) -> tuple[Any, dict[str, Any]
     return payload, merged
 
 
-class _Admission:
-    """The items of one ``dispatch_many`` call through admit_many.lua, a chunk per call.
+class Admission:
+    """Dispatches of one task type through admit.lua, a chunk per call: every dispatch's one path.
 
-    Up to ``IN_FLIGHT`` chunks are sent before the oldest one's replies are
-    read, so the caller's work overlaps Redis'; one connection keeps the items
-    in order. A chunk's replies become results as they are read; with
-    ``DISPATCH_REPLICA_ACKS`` they wait in ``answered`` until that many
-    replicas confirmed every write (one ``WAIT`` at the end).
-    A 'stale' reply (an admin save landed mid-call) puts the items from there
-    on back at the front of the queue, to be judged again by the new config.
+    ``dispatch.delay`` is a chunk of one; ``dispatch_many`` sends chunks of up
+    to ``CHUNK_ITEMS``, up to ``IN_FLIGHT`` of them before the oldest one's
+    replies are read, so the caller's work overlaps Redis'; one connection
+    keeps the items in order. A chunk's replies become results as they are
+    read; with ``DISPATCH_REPLICA_ACKS`` they wait in ``answered`` until that
+    many replicas confirmed every write (one ``WAIT`` at the end). A ``Stale``
+    reply (an admin save landed mid-call) puts the items from there on back at
+    the front of the queue, to be judged again by the new config; a rejection
+    by validation is judged again once against the config Redis has.
     """
 
-    def __init__(self, task_type: Any, snap: config.Snapshot, results: list[DispatchResult | None]) -> None:
+    def __init__(self, task_type: Any, snap: config.Snapshot, results: list[DispatchResult | None], *,
+                 replace_idempotency: bool = False) -> None:
         self.task_type, self.snap, self.results = task_type, snap, results
-        self.answered: list[tuple[int, Prepared, Any, dict]] = []
+        self.replace_idempotency = replace_idempotency
+        self.answered: list[tuple[int, Prepared, admit.Reply | redis.RedisError, dict]] = []
         self.sent: deque[list[tuple[int, Prepared]]] = deque()
         self.entries: dict[int, tuple[int, Any, dict[str, Any], str]] = {}
         self.confirmed = False
@@ -203,44 +295,51 @@ class _Admission:
         # Without replica acks a reply is final when it comes: each chunk's results are made while Redis
         # admits the next ones, not all at the end with Redis idle (a sixth of a large call's time).
         self.settle_now = settings.DISPATCH_REPLICA_ACKS <= 0
-        with admit_many.stream() as stream:
+        with admit.Calls() as calls:
             while queue or self.sent:
                 if queue:
                     size = next_chunk_size(self.chunks, len(queue))
                     chunk = [queue.popleft() for _ in range(size)]
+                    full = memory_guard.refusal(len(chunk))
+                    if full:  # Redis near its maxmemory: the chunk is refused before its script runs
+                        for index, *_ in chunk:
+                            self.results[index] = memory_high(self.snap, self.task_type, full)
+                        continue
                     version = self.snap.version
-                    prepared = self._prepare(chunk)
+                    script_chunk, prepared = self._prepare(chunk)
                     if self.snap.version != version and self.sent:
                         # Validation met a newer config: the chunks in flight went out under the old one. Those
                         # that come back stale must be admitted before this chunk, as they come before it.
-                        stale = self._drain(stream)
+                        stale = self._drain(calls)
                         if stale:
                             queue.extendleft(self.entries[index] for index, _ in reversed(prepared))
                             self._requeue(stale, queue)
                             continue
                     if prepared:
-                        stream.send([admit_many.packed([p.script_args for _, p in prepared])])
+                        calls.send(script_chunk, [p.item for _, p in prepared])  # type: ignore[arg-type]
                         self.sent.append(prepared)
                         self.chunks += 1
                 # Chunks wait in Redis (up to IN_FLIGHT) while the next is prepared; past that, or at the end, read.
                 if len(self.sent) >= IN_FLIGHT or (self.sent and not queue):
-                    stale = self._receive(stream)
+                    stale = self._receive(calls)
                     if stale:
-                        self._requeue(stale + self._drain(stream), queue)
-            failed = stream.replicas_confirmed(settings.DISPATCH_REPLICA_ACKS,
-                                               settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS) \
-                if not self.settle_now and any(
-                    not isinstance(reply, redis.RedisError) and reports_a_task(reply)
-                    for _, _, reply, _ in self.answered) else None
+                        self._requeue(stale + self._drain(calls), queue)
+            failed = calls.replicas_confirmed(settings.DISPATCH_REPLICA_ACKS,
+                                              settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS) \
+                if not self.settle_now and any(admit.reports_a_task(reply) for _, _, reply, _ in self.answered) \
+                else None
         self._settle(self.answered, failed)
         if self.lost:
-            logger.warning("dispatch_many_unavailable type=%s items=%d", shown(self.task_type, 100), self.lost)
+            logger.warning("dispatch_unavailable type=%s items=%d", shown(self.task_type, 100), self.lost)
 
-    def _settle(self, answered: list[tuple[int, Prepared, Any, dict]], failed: redis.RedisError | None) -> None:
+    def _settle(self, answered: list[tuple[int, Prepared, admit.Reply | redis.RedisError, dict]],
+                failed: redis.RedisError | None) -> None:
         """Turn ``answered`` replies into results; ``failed``: the replicas did not confirm the writes."""
+        if not answered:
+            return
         dispatched: Counter[tuple[str, str, float]] = Counter()
         for index, item, reply, limits in answered:
-            if failed is not None and not isinstance(reply, redis.RedisError) and reports_a_task(reply):
+            if failed is not None and admit.reports_a_task(reply):
                 reply = failed
             if isinstance(reply, redis.RedisError):
                 if isinstance(reply, NotSent):
@@ -249,26 +348,27 @@ class _Admission:
                     self.results[index] = unavailable(reply, item.task_id)
                 self.lost += 1
             else:
-                if reply[0] == b"ok":
+                if isinstance(reply, admit.Admitted):
                     dispatched[item.tc.lane, item.tc.name, item.now] += 1
-                self.results[index] = interpret(reply, reply[0].decode(), item, limits)
+                self.results[index] = interpret(reply, item, limits)
         for (lane, name, now), amount in dispatched.items():
-            count_dispatched(lane, name, now, amount)  # in process (lanes.counters), once a chunk
+            admit.count_dispatched(lane, name, now, amount)  # in process (lanes.counters), once a chunk
 
-    def _prepare(self, chunk: list[tuple[int, Any, dict[str, Any], str]]) -> list[tuple[int, Prepared]]:
-        """Validate ``chunk`` against the config; rejections are final, the rest go to Redis."""
+    def _prepare(self, chunk: list[tuple[int, Any, dict[str, Any], str]]
+                 ) -> tuple[admit.Chunk | None, list[tuple[int, Prepared]]]:
+        """Validate ``chunk`` against the config; rejections are final, the rest go to Redis (as one
+        admit.lua chunk, returned with them: None when none is left)."""
         prepared: list[tuple[int, Prepared]] = []
         invalid: list[tuple[int, Invalid]] = []
-        now = time.time()  # one for the chunk, as admit_many.lua admits it at one time
-        shared = shared_settings()
+        context = chunk_context()  # one for the chunk, as admit.lua admits it at one time
         for index, payload, options, task_id in chunk:
             try:
-                prepared.append((index, prepare(self.snap, self.task_type, payload, task_id=task_id, now=now,
-                                                shared=shared, **options)))
+                prepared.append((index, prepare(self.snap, self.task_type, payload, task_id=task_id,
+                                                context=context, **options)))
             except Invalid as exc:
                 invalid.append((index, exc))
         if invalid and not self.confirmed:
-            # As in admit: a rejection may come from a cached config older than a fresh admin save.
+            # A rejection may come from a cached config older than a fresh admin save.
             self.confirmed = True
             fresh = confirm_config(self.snap)
             if fresh.version != self.snap.version:
@@ -276,36 +376,30 @@ class _Admission:
                 return self._prepare(chunk)
         for index, error in invalid:
             self.results[index] = rejected_invalid(self.snap, self.task_type, error)
-        return prepared
+        if not prepared:
+            return None, prepared
+        return script_chunk(self.snap, prepared[0][1].tc, context, self.replace_idempotency), prepared
 
-    def _receive(self, stream: Any) -> list[tuple[int, str]]:
-        """Read the oldest chunk's replies; returns its 'stale' items (index, Redis' config version)."""
+    def _receive(self, calls: admit.Calls) -> list[tuple[int, str]]:
+        """Read the oldest chunk's replies; returns its stale items (index, Redis' config version)."""
         batch = self.sent.popleft()
         stale: list[tuple[int, str]] = []
-        (reply,) = stream.receive()
-        if isinstance(reply, redis.RedisError):
-            item_replies = [reply] * len(batch)
-        else:
-            try:
-                item_replies = admit_many.replies(reply, len(batch))
-            except ValueError as exc:  # never expected: a script that answered out of shape stored unknown items
-                item_replies = [redis.ResponseError(str(exc))] * len(batch)
         answered = self.answered if not self.settle_now else []
-        for (index, item), reply in zip(batch, item_replies, strict=True):
-            if not isinstance(reply, redis.RedisError) and reply[0] == b"stale":
-                stale.append((index, reply[1].decode()))
+        for (index, item), reply in zip(batch, calls.receive(), strict=True):
+            if isinstance(reply, admit.Stale):
+                stale.append((index, reply.version))
             else:
                 answered.append((index, item, reply, self.snap.limits))
         if self.settle_now:
             self._settle(answered, None)
         return stale
 
-    def _drain(self, stream: Any) -> list[tuple[int, str]]:
+    def _drain(self, calls: admit.Calls) -> list[tuple[int, str]]:
         """Read every chunk in flight; returns their stale items, in order (once one is stale, all after it are:
         Redis' config version only moves forward)."""
         stale: list[tuple[int, str]] = []
         while self.sent:
-            stale += self._receive(stream)
+            stale += self._receive(calls)
         return stale
 
     def _requeue(self, stale: list[tuple[int, str]], queue: deque) -> None:

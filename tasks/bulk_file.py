@@ -77,9 +77,10 @@ def parse_line(text: str, number: int) -> tuple[Any, dict[str, Any]] | DispatchR
 
 def dispatch_lines(task_type: str, lines: Iterable[str], *, defaults: dict[str, Any] | None = None,
                    on_result: Callable[[int, DispatchResult], None] | None = None,
-                   on_chunk: Callable[[Summary], None] | None = None) -> Summary:
+                   on_chunk: Callable[[Summary], None] | None = None, id_prefix: str = "") -> Summary:
     """Dispatch each non-blank line as an item of ``task_type``; ``defaults`` are options every item gets
-    unless its own say otherwise (``timeout``, ``metadata``, ``priority``, ``chat_id``)."""
+    unless its own say otherwise (``timeout``, ``metadata``, ``priority``, ``chat_id``); ``id_prefix``
+    starts every task id (``tasks.owners``)."""
     summary = Summary()
     defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
     for chunk in _chunks(lines, bulk.CHUNK_ITEMS):
@@ -96,7 +97,8 @@ def dispatch_lines(task_type: str, lines: Iterable[str], *, defaults: dict[str, 
                 options = {**defaults, **options}
             items.append((payload, options))
             numbers.append(number)
-        answers.update(zip(numbers, bulk.dispatch_many(task_type, items), strict=True))
+        answers.update(zip(numbers, bulk.dispatch_many(task_type, items, id_prefix=id_prefix),
+                           strict=True))
         for number in sorted(answers):
             summary.add(number, answers[number])
             if on_result:

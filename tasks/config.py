@@ -57,6 +57,12 @@ class TypeConf:
     batch_window_ms: int = 0
     #: The type's limits, in its order (empty: the unlimited path, no limit work at all).
     limits: tuple[LimitRef, ...] = ()
+    #: Chat ids, idempotency and limit keys common to every API caller (not namespaced per token).
+    shared: bool = False
+    #: Longest countdown / eta an API caller may ask (None: the type's timeout).
+    max_delay_s: float | None = None
+    #: Which outcomes get a result row: 'always', 'failures' (dead letters and cancels) or 'never'.
+    store_result: str = "always"
 
     @property
     def needs_limit_key(self) -> bool:
@@ -126,6 +132,9 @@ def _load(version: str) -> Snapshot:
             limits=tuple(type_limits.get(tt.pk, ())),
             batch_size=tt.batch_size,
             batch_window_ms=tt.batch_window_ms,
+            shared=tt.shared,
+            max_delay_s=tt.max_delay,
+            store_result=tt.store_result,
         )
     _publish_limits(limits)
     return Snapshot(version, lanes, types, limits, db_revision, policies)

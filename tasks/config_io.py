@@ -23,7 +23,8 @@ POLICY_FIELDS = ("max_retries", "initial_backoff", "multiplier", "max_backoff", 
 LANE_FIELDS = ("capacity", "accepting", "description")
 LIMIT_FIELDS = ("scope", "rate", "burst", "max_in_flight", "fair_share", "weights", "window")
 TYPE_FIELDS = ("handler", "priority", "timeout", "attempt_timeout", "chat_scoped", "chat_queue_size",
-               "max_payload_bytes", "idempotency_window", "enabled", "options", "batch_size", "batch_window_ms")
+               "max_payload_bytes", "idempotency_window", "enabled", "options", "batch_size", "batch_window_ms",
+               "shared", "max_delay", "store_result")
 
 
 def _entries(data: dict, section: str) -> list[dict]:
@@ -163,14 +164,33 @@ def export_config() -> dict[str, list[dict]]:
 NON_PRODUCTION_HANDLERS = frozenset({"loadtest.sink", "loadtest.sink_batch"})
 
 
+#: The web site's address in the default configuration (the demo receiver ``chat.send`` posts to).
+DEFAULT_WEB_ORIGIN = "http://127.0.0.1:8000/"
+
+
+def with_web_port(data: dict, web_port: int) -> dict:
+    """``data`` with the default config's URLs on this site pointing at ``web_port`` (``WEB_PORT``)."""
+    origin = f"http://127.0.0.1:{web_port}/"
+    types = []
+    for entry in data.get("task_types", []):
+        url = (entry.get("options") or {}).get("url")
+        if isinstance(url, str) and url.startswith(DEFAULT_WEB_ORIGIN):
+            entry = {**entry, "options": {**entry["options"], "url": origin + url[len(DEFAULT_WEB_ORIGIN):]}}
+        types.append(entry)
+    return {**data, "task_types": types}
+
+
 def default_config_for(data: dict, profile: str, handlers: Collection[str] | None = None) -> dict:
     """The default config ``data`` as ``manage.py bootstrap`` applies it under ``profile``.
 
     ``handlers``: the registered handler names, if known; a non-production
-    handler missing from them (the tools app left out) gets no task type.
+    handler missing from them (the tools app left out) gets no task type. The
+    production profile has no ``demo.*`` types either.
     """
     def keep(entry: dict) -> bool:
         name = entry.get("handler")
+        if profile == "production" and (str(name).startswith("demo.") or str(entry.get("name")).startswith("demo.")):
+            return False  # demo.echo sleeps up to an hour on request: a demo, not a production type
         if name not in NON_PRODUCTION_HANDLERS:
             return True
         return profile != "production" and (handlers is None or name in handlers)

@@ -13,6 +13,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_celery_results.models import TaskResult
 
+from tasks import owners
 from tasks.dispatch import DispatchResult, admit
 from tasks.models import DeadLetter
 
@@ -69,9 +70,11 @@ def requeue_task_id(row: DeadLetter) -> str:
     row's update failed to commit) leaves the row ``dead``; the next click
     derives the same id, and admission answers with the task already stored
     instead of making a second one. A row is requeued at most once (its status
-    then changes), so the dead letter's own task id is the whole key.
+    then changes), so the dead letter's own task id is the whole key. The new
+    id keeps the old one's owner mark (``tasks.owners``): a caller's requeued
+    task is still its own.
     """
-    return str(uuid.uuid5(REQUEUE_NAMESPACE, f"requeue:{row.task_id}"))
+    return owners.mark_of(row.task_id) + str(uuid.uuid5(REQUEUE_NAMESPACE, f"requeue:{row.task_id}"))
 
 
 def _already_finished(task_id: str) -> bool:

@@ -5,7 +5,8 @@ or a full queue: it returns a ``DispatchResult`` whose ``reason`` says why it
 was not accepted. Services that do not import this code send the same call by
 name (``app.send_task("tasks.dispatch", ...)``); a worker on the ``ingress``
 queue runs the same admission for them. ``dispatch_many(type, items)``
-(``tasks.bulk``) admits many items of one type, one round trip per chunk.
+(``tasks.bulk``) admits many items of one type, one round trip per chunk; a
+single dispatch takes the same path, as a chunk of one.
 """
 
 from __future__ import annotations
@@ -15,25 +16,15 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-import redis
 from celery import Task, shared_task
 
-from lanes.lua.admit import admit as lua_admit
 from tasks import cancel as cancelling
-from tasks import config
 from tasks.admission import (  # noqa: F401  (DispatchResult, payload_digest: imported from here by callers)
     DISPATCH_OPTIONS,
     DispatchResult,
-    config_kept_changing,
-    confirm_config,
-    interpret,
     payload_digest,
-    prepare,
-    rejected_invalid,
-    unavailable,
 )
-from tasks.bulk import dispatch_many  # noqa: F401  (importable beside dispatch)
-from tasks.validation import Invalid
+from tasks.bulk import admit_one, dispatch_many  # noqa: F401  (dispatch_many: importable beside dispatch)
 
 logger = logging.getLogger(__name__)
 
@@ -63,43 +54,13 @@ def admit(
     ``_task_id`` (a dead letter's requeue) fixes the new task's id: with
     ``_replace_idempotency`` a task of that id already stored answers ``dup``.
     """
-    try:
-        snap = config.current()
-    except redis.RedisError as exc:
-        return unavailable(exc, None)
-    task_id = _task_id or str(uuid.uuid4())
     options: dict[str, Any] = {
         "chat_id": chat_id, "priority": priority, "idempotency_key": idempotency_key, "timeout": timeout,
         "metadata": metadata, "limit_key": limit_key, "countdown": countdown, "eta": eta,
         "retry_policy": retry_policy,
     }
-    confirmed = False
-    for _ in range(4):
-        try:
-            prepared = prepare(snap, task_type, payload, task_id=task_id, replace_idempotency=_replace_idempotency,
-                               **options)
-        except Invalid as exc:
-            if not confirmed:
-                confirmed = True
-                fresh = confirm_config(snap)
-                if fresh.version != snap.version:
-                    snap = fresh
-                    continue
-            return rejected_invalid(snap, task_type, exc)
-        try:
-            reply = lua_admit(**prepared.script_args)
-        except redis.RedisError as exc:
-            logger.warning("dispatch_unavailable type=%s error=%s", prepared.tc.name, exc)
-            return unavailable(exc, task_id)
-        status = reply[0].decode()
-        if status == "stale":
-            try:
-                snap = config.ensure(reply[1].decode())
-            except redis.RedisError as exc:  # a rejection is a result, never an exception
-                return unavailable(exc, None)
-            continue
-        return interpret(reply, status, prepared, snap.limits)
-    return config_kept_changing()
+    return admit_one(task_type, payload, options, task_id=_task_id or str(uuid.uuid4()),
+                     replace_idempotency=_replace_idempotency)
 
 
 class DispatchTask(Task):

@@ -29,7 +29,7 @@ killed): the watchdog retries or dead-letters it by its policy at the limit
 (``retry.lua`` is fenced by the claim's owner), its late end changes nothing,
 and its thread is counted as stuck and replaced by a new one, up to
 ``DISPATCH_STUCK_THREADS_MAX``; past that the worker takes no more work and
-shuts down warm, for its supervisor to start a fresh one.
+restarts itself (Celery's SIGHUP restart: a warm shutdown, then the same command line again).
 """
 
 from __future__ import annotations
@@ -220,7 +220,8 @@ class Runner:
             return None
         request = CeleryContext(
             id=task_id, task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
-            hostname=self.hostname, periodic_task_name=None, meta={}, children=[], dispatch_settle=None,
+            shadow=headers.get("shadow"), hostname=self.hostname, periodic_task_name=None, meta={}, children=[],
+            dispatch_settle=None,
             timelimit=None, retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
         )
         attempt = Attempt(task, env, kwargs["payload"], task_id=task_id, request=request)
@@ -407,10 +408,8 @@ class Runner:
         if stuck <= self.stuck_max:
             self._add_thread()
         elif not self.stopping:
-            logger.error("worker_stuck threads=%d max=%d: taking no more work; shutting down warm for a fresh "
-                         "worker", stuck, self.stuck_max)
             self.stopping = True
-            os.kill(os.getpid(), signal.SIGTERM)
+            self._replace_worker(stuck)
         assert item.tc is not None
         limit = min(item.tc.attempt_timeout_s, attempt.env.deadline - attempt.started_at)
         try:
@@ -422,6 +421,20 @@ class Runner:
             logger.exception("abandon_failed task=%s", attempt.task_id)
             item.release()
             self._end(item)
+
+    def _replace_worker(self, stuck: int) -> None:
+        """Too many threads stuck: take no more work, end what runs, and start afresh.
+
+        Celery's own restart (SIGHUP, installed when the worker has no terminal: under ``make run``'s
+        supervisor and any service manager) is a warm shutdown and then an ``exec`` of the same command
+        line, which ends the stuck threads with the process image; the pid stays, so a supervisor sees
+        no exit. Without that handler, a warm shutdown (SIGTERM), for the supervisor to start a new one.
+        """
+        hup = getattr(signal, "SIGHUP", None)
+        restart = hup is not None and signal.getsignal(hup) not in (signal.SIG_DFL, signal.SIG_IGN, None)
+        logger.error("worker_stuck threads=%d max=%d: taking no more work; %s", stuck, self.stuck_max,
+                     "restarting in place (SIGHUP)" if restart else "shutting down warm for a fresh worker")
+        os.kill(os.getpid(), hup if restart and hup is not None else signal.SIGTERM)
 
     # -- outcomes --------------------------------------------------------------
     def _complete(self, item: Item, exc: BaseException) -> None:
@@ -491,6 +504,15 @@ class Runner:
 
     def _rows(self, rows: list[tuple[Item, Any, str]]) -> None:
         """Result rows in one statement; then their finished records may be settled."""
+        if not rows:
+            return
+        kept = []
+        for item, value, state in rows:
+            if results.keeps_row(item.name, state):
+                kept.append((item, value, state))
+            elif (settle := item.attempt.request.dispatch_settle) and settle[1] == state:
+                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
+        rows = kept
         if not rows:
             return
         backend = rows[0][0].attempt.task.backend

@@ -28,7 +28,7 @@ from lanes.lua.audit import Repair
 from lanes.lua.audit import audit as lua_audit
 from lanes.lua.expire import expire as lua_expire
 from lanes.lua.forget import forget_expired_pending
-from lanes.lua.limits_audit import audit_limits
+from lanes.lua.limits_audit import LimitsAudited, audit_limits
 from lanes.lua.limits_due import drain_due
 from lanes.lua.promote import promote
 from lanes.lua.reclaim import reclaim
@@ -68,11 +68,11 @@ def drain_limits() -> int:
                      queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
 
 
-def audit_limit_slots(batch: int = 200) -> list[int]:
+def audit_limit_slots(batch: int = 200) -> LimitsAudited:
     """Free limit slots held by tasks that no longer run; see limits_audit.lua."""
     result = audit_limits(now_ms=int(time.time() * 1000), batch=batch,
                           queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
-    if result[1]:
+    if result.slots_freed:
         logger.warning("limit_audit_freed checked=%d freed=%d", *result)
     return result
 
@@ -175,21 +175,21 @@ def expire_due(batch: int = BATCH) -> int:
     rows next (idempotent), then the records are settled.
     """
     error = DeadLettered.because("expired", EXPIRED_DETAIL)
-    reply = lua_expire(
+    expired = lua_expire(
         now=time.time(), batch=batch, result_json=json.dumps(str(error)), tombstone_ttl_s=tombstone_ttl_s(),
         queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
         retry_rows_ms=int(EXPIRED_ROWS_RETRY_S * 1000), search_depth=SWEEP_SEARCH_DEPTH,
     )
     written = []
-    for record, msg in zip(reply[::2], reply[1::2], strict=True):
+    for task in expired:
         try:
-            _write_expired_rows(record.decode(), msg, error)
+            _write_expired_rows(task.record, task.message, error)
         except Exception:  # its entry stays pending: a later run writes the rows
-            logger.warning("expired_rows_failed record=%s", record.decode(), exc_info=True)
+            logger.warning("expired_rows_failed record=%s", task.record, exc_info=True)
             continue
-        written.append(record)
+        written.append(task.record)
     if written:
-        forget_expired_pending([record.decode() for record in written])
+        forget_expired_pending(written)
         logger.warning("expired_waiting count=%d", len(written))
     return len(written)
 

@@ -158,7 +158,7 @@ class Limit(models.Model):
                 "fair_share": self.fair_share, "weights": dict(self.weights or {}), "window": window}
 
 
-#: Most tasks one call of a batched handler takes (issue 16).
+#: Most tasks one call of a batched handler takes.
 MAX_BATCH_SIZE = 1000
 #: Longest a worker waits to fill a batch, in milliseconds.
 MAX_BATCH_WINDOW_MS = 1000
@@ -188,6 +188,28 @@ class TaskType(models.Model):
         "idempotency window (s)", default=86400, help_text="How long a dispatch's idempotency key is remembered."
     )
     enabled = models.BooleanField("enabled", default=True)
+    shared = models.BooleanField(
+        "shared between callers", default=False,
+        help_text="Off (the default): each API token has its own chat ids, idempotency keys and limit keys for "
+                  "this type, so no token can block, take or read another's. On: every caller's chat 'c1' is one "
+                  "chat and every caller's key 'k' one key (for chats that several services write to); a token "
+                  "can then queue behind, fill or take the keys of another caller's chats.",
+    )
+    class StoreResult(models.TextChoices):
+        ALWAYS = "always", "always (every outcome has its result row)"
+        FAILURES = "failures", "failures (rows only for dead letters and cancels)"
+        NEVER = "never", "never (no result row; .get() reads the outcome from Redis for a while)"
+
+    store_result = models.CharField(
+        "store result", max_length=8, choices=StoreResult.choices, default=StoreResult.ALWAYS,
+        help_text="Which outcomes get a row in the result table (Celery Results, the API's task state). A row "
+                  "is a database write per task; without one, DispatchResult.get() reads the outcome Redis keeps "
+                  "for a few minutes after the task ends.",
+    )
+    max_delay = models.FloatField(
+        "max delay (s)", null=True, blank=True,
+        help_text="Longest countdown / eta an API caller may ask for; empty: the type's timeout.",
+    )
     options = models.JSONField(
         "options", default=dict, blank=True, help_text="Handler settings, checked by the handler."
     )
@@ -244,6 +266,8 @@ class TaskType(models.Model):
             errors["batch_size"] = f"Batch size must be between 1 and {MAX_BATCH_SIZE}."
         if self.batch_window_ms is not None and not 0 <= self.batch_window_ms <= MAX_BATCH_WINDOW_MS:
             errors["batch_window_ms"] = f"Batch window must be between 0 and {MAX_BATCH_WINDOW_MS} ms."
+        if self.max_delay is not None and not 0 <= self.max_delay <= MAX_TIMEOUT_S:
+            errors["max_delay"] = f"Max delay must be between 0 and {MAX_TIMEOUT_S:.0f} seconds."
         if self.max_payload_bytes is not None and not 2 <= self.max_payload_bytes <= 8 * 1024 * 1024:
             errors["max_payload_bytes"] = "Max payload bytes must be between 2 and 8388608."
         if not isinstance(self.options, dict):

@@ -21,6 +21,7 @@ REJECTION_REASONS = (
     "lane_closed",
     "idempotency_conflict",
     "unavailable",
+    "redis_memory_high",
 )
 
 #: Why a task became a dead letter (``DeadLetter.reason``).

@@ -1,10 +1,10 @@
 """The tasks app's signal receivers, all connected by one ``connect()`` from ``TasksConfig.ready()``.
 
-- Rejections found before the admission script (unknown type, invalid payload,
-  ...) never reach a script, so ``count_rejection`` counts them with one
-  pipelined round trip and keeps the last ones for the dashboard (accepted
-  tasks are counted inside the Lua scripts, in the call each step already
-  makes). Rejections are the unhappy path: the happy path pays nothing here.
+- Every rejection is kept among the last ones for the dashboard, and those
+  found before the admission script (unknown type, invalid payload, ...),
+  which no script counted, are counted too: ``count_rejection``, one pipelined
+  round trip (``lanes.metrics.record_rejection``). Rejections are the unhappy
+  path; an accepted task's counts are kept in process (``lanes.counters``).
 - A message the transport could not decode becomes a ``malformed`` dead letter.
 - A save or delete of a retry policy, task type, limit or a type's limit bumps the config version
   (``lanes.config_version``; the lanes app connects ``Lane`` the same way).

@@ -5,7 +5,7 @@ event happens (the caller for queued/rejected, the worker for started/finished);
 they are called with ``send_robust``, so a receiver that raises is logged and
 never breaks dispatch or execution. Connect like any Django signal::
 
-    from tasks.signals import task_finished   # or tasks.hooks, the name before issue 14
+    from tasks.signals import task_finished
 
     @receiver(task_finished)
     def on_finished(sender, info, **kwargs):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from lanes import jsontext
 from tasks.retry import MAX_TIMEOUT_S
 
 MAX_CHAT_ID_LEN = 128
@@ -128,29 +128,9 @@ def _encode_checked(value: Any, reason: str, root: str) -> str:
     return text
 
 
-#: ``json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)``'s encoder, built once
-#: (``json.dumps`` with options builds one per call: a tenth of a bulk dispatch's CPU per item).
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _not_json(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-#: ``_ENCODER``'s C encoder, made once, without its check for circular references: ``encode`` makes
-#: one per call (60 % of its cost for a small payload). A cycle recurses until ``RecursionError``,
-#: which ``_encode_checked`` answers like any value that is not JSON.
-_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # None without CPython's C accelerator
-_C_ENCODER = _make_encoder and _make_encoder(
-    None, _not_json, json.encoder.encode_basestring, None, ":", ",", False, False, False)
-
-
-def encode_json(value: Any) -> str:
-    """Compact JSON that is valid UTF-8; raises ValueError on anything else (RecursionError on a cycle)."""
-    text = "".join(_C_ENCODER(value, 0)) if _C_ENCODER else _ENCODER.encode(value)
-    if not text.isascii():
-        text.encode("utf-8")  # lone surrogates (bad UTF-8 smuggled in) raise here
-    return text
+#: Compact JSON that is valid UTF-8; raises ValueError, TypeError or RecursionError (a cycle) on anything
+#: that is not JSON, UnicodeEncodeError on text that is not UTF-8 (orjson, held to ``json.dumps``).
+encode_json = jsontext.dumps
 
 
 def check_dispatch(

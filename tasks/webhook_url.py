@@ -199,11 +199,12 @@ def pin_addresses(target: WebhookTarget, allow_list: Iterable[str], resolve: Res
     """Resolve ``target.host`` once; return the checked addresses to connect to, or raise WebhookURLError.
 
     Every address the name resolves to must be public, unless the allow-list
-    names that address itself (``127.0.0.1``) or the host is ``localhost`` and
-    the address is loopback: a public name cannot be pointed at the metadata
-    service or the admin's loopback ports.
+    names that address itself on the target's port (``127.0.0.1:9000`` exempts
+    127.0.0.1 on port 9000 only, ``127.0.0.1`` on the scheme's default port) or
+    the host is ``localhost`` and the address is loopback: a public name cannot
+    be pointed at the metadata service or the admin's loopback ports.
     """
-    named = {entry.host for entry in parse_allow_list(allow_list)}
+    entries = parse_allow_list(allow_list)
     resolve = resolve or socket.getaddrinfo  # looked up per call, so a test can stand in for DNS
     try:
         infos = resolve(target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
@@ -217,7 +218,7 @@ def pin_addresses(target: WebhookTarget, allow_list: Iterable[str], resolve: Res
     if not addresses:
         raise WebhookURLError(f"options.url host {target.host!r} resolves to no address")
     for address in addresses:
-        if _is_public(address) or str(address) in named:
+        if _is_public(address) or any(_allows(entry, str(address), target.port, target.scheme) for entry in entries):
             continue
         if target.host == "localhost" and address.is_loopback:
             continue

@@ -1,5 +1,10 @@
-"""Test session: a real redis-server on a free port and a fresh SQLite file, set up
-before Django loads settings, so tests and the worker processes they start share them.
+"""Test session: a real redis-server on a free port and a fresh SQLite file, named before Django
+loads settings, so tests and the worker processes they start share them.
+
+Both are started (Redis) and migrated (SQLite) once the session's tests are collected, and only
+when one of them is outside ``tests/unit``: the unit tier needs neither (``tests/unit/conftest.py``
+makes a unit test that reaches for one fail, naming where it belongs), so ``make test-fast`` runs
+without them.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ def pytest_configure(config):
 
     tmp = Path(tempfile.mkdtemp(prefix="dispatch-tests-"))
     _state["tmp"] = tmp
-    server = RedisServer(tmp / "redis", secrets.token_urlsafe(12)).start()
+    server = RedisServer(tmp / "redis", secrets.token_urlsafe(12))
+    server.port_chosen_here = False  # settings read its URL now: a start that finds the port taken retries it
     _state["redis"] = server
     os.environ.update({
         "DJANGO_SETTINGS_MODULE": "dispatchsite.settings",
@@ -42,6 +48,27 @@ def pytest_configure(config):
     import django
 
     django.setup()
+
+
+UNIT = ROOT / "tests" / "unit"
+
+
+def needs_services(test_files) -> bool:
+    """Whether a session of these test files needs Redis and the database: any outside the unit tier."""
+    return any(UNIT not in Path(path).resolve().parents for path in test_files)
+
+
+def pytest_collection_finish(session):
+    """Start Redis and migrate the database when a collected test is of a tier that uses them."""
+    if not session.config.option.collectonly and needs_services(str(item.fspath) for item in session.items):
+        start_services()
+
+
+def start_services() -> None:
+    if _state.get("started"):
+        return
+    _state["started"] = True
+    _state["redis"].start()
     from django.core.management import call_command
 
     call_command("migrate", interactive=False, verbosity=0)
@@ -49,7 +76,7 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     server = _state.get("redis")
-    if server:
+    if server and _state.get("started"):
         server.stop()
     tmp = _state.get("tmp")
     if tmp and not os.environ.get("KEEP_TEST_TMP"):

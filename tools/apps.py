@@ -12,5 +12,5 @@ class ToolsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Registers the loadtest.sink handler and the SMS demo's (issue 16), only where tools are installed.
+        # Registers the loadtest.sink handler and the SMS demo's, only where tools are installed.
         from tools import sink, sms_demo  # noqa: F401

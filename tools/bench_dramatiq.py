@@ -12,6 +12,8 @@ import time
 import dramatiq
 from dramatiq.brokers.redis import RedisBroker
 
+from tools.bench_record import record_start
+
 if os.environ.get("DISPATCH_PROBE_DIR"):
     from tools import probe  # noqa: F401 - counts this worker's Redis round trips like the others'
 
@@ -22,6 +24,7 @@ dramatiq.set_broker(broker)
 
 @dramatiq.actor(queue_name=QUEUE, max_retries=0)
 def dramatiq_work(payload: dict) -> None:
+    record_start(payload, time.time())
     ms = payload.get("ms", 0) if isinstance(payload, dict) else 0
     if ms:
         time.sleep(ms / 1000)

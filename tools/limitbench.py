@@ -111,7 +111,7 @@ def _wait_applied(client: Any, run: str, n: int, timeout: float, progress: Progr
     out = []
     for line in client.lrange(log_key(run), 0, -1):
         parts = line.decode().split("\t")
-        if len(parts) == 4:
+        if len(parts) >= 4:
             out.append((parts[3], int(parts[2]) / 1000))
     return sorted(out, key=lambda x: x[1])
 

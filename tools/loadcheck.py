@@ -276,6 +276,7 @@ class Applied:
     seq: int
     at_ms: float
     key: str
+    started_ms: float | None = None  # when the handler's first attempt began (the sink's fifth field)
 
 
 @dataclass
@@ -309,13 +310,14 @@ class Verdict:
 
 
 def parse_log_line(line: str | bytes) -> Applied | None:
-    """Parse the sink's ``chat\\tseq\\tms\\tkey`` line; None when it is not one."""
+    """Parse the sink's ``chat\\tseq\\tms\\tkey[\\tstarted ms]`` line; None when it is not one."""
     text = line.decode("utf-8", "replace") if isinstance(line, bytes) else line
     parts = text.split("\t")
-    if len(parts) != 4:
+    if len(parts) not in (4, 5):
         return None
     try:
-        return Applied(parts[0], int(parts[1]), float(parts[2]), parts[3])
+        started = float(parts[4]) if len(parts) == 5 and parts[4] else None
+        return Applied(parts[0], int(parts[1]), float(parts[2]), parts[3], started)
     except ValueError:
         return None
 

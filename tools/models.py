@@ -1,4 +1,4 @@
-"""The measuring tools' tables: the SMS demo's messages (seed 004, issue 16)."""
+"""The measuring tools' tables: the SMS demo's messages (seed 004)."""
 
 from __future__ import annotations
 

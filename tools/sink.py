@@ -2,7 +2,7 @@
 
 The load test checks the record afterwards: every accepted message applied
 once, in dispatch order per chat. The record is keyed by run id and expires.
-``loadtest.sink_batch`` is the batched twin (issue 16): one simulated I/O wait
+``loadtest.sink_batch`` is the batched twin: one simulated I/O wait
 per batch, the same record per item, and a count of its calls per run.
 Registered by the tools app's ``ready()`` only, so a production install
 (``DISPATCH_PROFILE=production``, tools left out) has no such handler.
@@ -61,6 +61,7 @@ def _nth_of_run(run: str) -> int:
 @handler("loadtest.sink")
 def sink(payload: dict, ctx: Context) -> dict:
     """Sleep ``latency_ms``, fail retryably at ``fail_rate``, else record (chat, seq, key) as applied."""
+    started_ms = _first_start_ms(ctx)
     latency_ms = float(payload.get("latency_ms", 0) or 0)
     if latency_ms > 0:
         time.sleep(min(latency_ms, 10_000) / 1000)
@@ -75,13 +76,14 @@ def sink(payload: dict, ctx: Context) -> dict:
         # A deliberately broken sink: every drop_every-th message this process
         # handles for the run is "applied" without a trace. Proves the checker can fail.
         return {"applied": False}
-    record_applied(run, key, f"{ctx.chat_id}\t{seq}\t{now_ms}\t{key}")
+    record_applied(run, key, f"{ctx.chat_id}\t{seq}\t{now_ms}\t{key}\t{started_ms}")
     return {"applied": True}
 
 
 @handler("loadtest.sink_batch", batch=True)
 def sink_batch(items: list[BatchItem]) -> list[Any]:
     """loadtest.sink for a batch: one ``latency_ms`` wait per call; each item fails or is recorded on its own."""
+    started = time.time()
     latency_ms = max((float(p.get("latency_ms", 0) or 0) for p, _ in items), default=0.0)
     if latency_ms > 0:
         time.sleep(min(latency_ms, 10_000) / 1000)
@@ -98,11 +100,17 @@ def sink_batch(items: list[BatchItem]) -> list[Any]:
             outcomes.append({"applied": False})  # as the single sink: the checker must catch it
             continue
         key = ctx.idempotency_key
-        records[run].append((key, f"{ctx.chat_id}\t{int(payload.get('seq', 0))}\t{int(time.time() * 1000)}\t{key}"))
+        records[run].append((key, f"{ctx.chat_id}\t{int(payload.get('seq', 0))}\t{int(time.time() * 1000)}\t{key}"
+                                  f"\t{_first_start_ms(ctx, started)}"))
         outcomes.append({"applied": True})
     for run, entries in records.items():
         record_applied_many(run, entries)
     return outcomes
+
+
+def _first_start_ms(ctx: Context, started: float | None = None) -> str:
+    """When the handler began (epoch ms), on a first attempt only: the load test's enqueue->start."""
+    return f"{(time.time() if started is None else started) * 1000:.3f}" if ctx.attempt == 1 else ""
 
 
 # --- the record: one Lua call (sink_record.lua / sink_record_batch.lua, beside this module) ----
@@ -136,7 +144,7 @@ def record_applied_many(run: str, entries: Sequence[tuple[str, str]], ttl_s: int
 
 
 def _call_lean(script: Script, keys_: Sequence[Any], args: Sequence[Any]) -> Any:
-    """EVALSHA on a pooled connection, EVAL when Redis lost the script: the lean path of ``lanes.scripts.call``.
+    """EVALSHA on a pooled connection, EVAL when Redis lost the script: the lean path of ``lanes.lua.loader.call``.
 
     The record is the load test's own verification, not the simulated work, so
     it costs the worker as little client CPU as the platform's own scripts do.

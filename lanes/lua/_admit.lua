@@ -1,9 +1,9 @@
--- _admit.lua: admission of one dispatch (admit_one), included by admit.lua (one
--- dispatch a call) and admit_many.lua (a chunk of dispatch_many's items a call).
--- KEYS and ARGV are admit.lua's (its header); the config version is checked by
--- the caller, once a call.
+-- _admit.lua: admission of one dispatch (admit_one), included by admit.lua, which runs
+-- it for each item of a chunk (a chunk of one for dispatch.delay). ``c`` is the chunk's
+-- named KEYS and ARGV, ``it`` the item's (admit.lua's header names both); the config
+-- version is checked by admit.lua, once a call.
 --
--- ``pend`` nil: every write is made at once (admit.lua). A table: an item
+-- ``pend`` nil: every write is made at once (a chunk of one). A table: an item
 -- published directly (unlimited, due now, its chat's head or no chat) defers
 -- the lane's writes that many items share to pend_flush: the waiting count's
 -- INCR (one INCRBY), the deadlines and leases ZADDs (one each) and the lane
@@ -47,59 +47,59 @@ local function pend_flush(pend, waiting_key, deadlines_key, leases_key)
   pend.add, pend.base, pend.deadlines, pend.leases, pend.lists, pend.order = 0, nil, {}, {}, {}, {}
 end
 
--- A count in the metrics hashes (KEYS 8 and 9) for the task type's lane and type.
-local function admit_count(KEYS, field_base, kind, extra)
-  count_to(KEYS[8], KEYS[9], kind .. '|' .. field_base .. (extra or ''))
+-- A count in the metrics hashes for the task type's lane and type.
+local function admit_count(c, kind, extra)
+  count_to(c.metrics_total, c.metrics_minute, kind .. '|' .. c.lane .. '|' .. c.task_type .. (extra or ''))
 end
 
 -- A refusal after the task was counted in the lane's depth: count it out again.
-local function admit_reject(KEYS, pend, waiting_key, field_base, depth, reason)
+local function admit_reject(c, pend, waiting_key, depth, reason)
   if pend then
     pend.add = pend.add - 1
   elseif tonumber(redis.call('DECR', waiting_key)) < 0 then
     redis.call('DEL', waiting_key)
   end
-  admit_count(KEYS, field_base, 'rejected', '|' .. reason)
+  admit_count(c, 'rejected', '|' .. reason)
   return 'rej', reason, depth
 end
 
--- Returns admit.lua's reply as values, not a table (admit.lua makes it one; admit_many.lua
--- keeps what it sends): a table an item was a tenth of a chunk's garbage for Lua's collector.
--- Scores are written to ZADD as the strings they came as (ARGV 16 the deadline; the
--- lease's, once a call in ``pend``): a number made a string again costs a printf and a
--- strtod each way, a fifth of a plain item's Redis time.
-local function admit_one(KEYS, ARGV, pend)
-local task_id, chat_id, digest = ARGV[3], ARGV[8], ARGV[10]
-local lane, ttype = ARGV[13], ARGV[14]
-local field_base = lane .. '|' .. ttype
+-- Returns the item's reply as values, not a table (admit.lua builds the one it sends):
+-- status, then ('dup'|'conflict') task id, ('rej') reason and depth, or ('ok') position,
+-- depth, ahead, waits_on (limit instance base or ''), waiting_ahead, paused_ms and, when
+-- ``read`` (the first item admitted of a call that asks), the lane's estimate inputs
+-- (admit.lua's header). Scores are written to ZADD as the strings they came as (the
+-- deadline; the lease's, once a call in ``pend``): a number made a string again costs a
+-- printf and a strtod each way, a fifth of a plain item's Redis time.
+local function admit_one(c, it, pend, read)
+local task_id, chat_id, digest, record = it.task_id, it.chat, it.digest, it.record
 
-if ARGV[15] == '1' and redis.call('EXISTS', KEYS[2]) == 1 then
+if c.replace_idempotency and redis.call('EXISTS', record) == 1 then
   return 'dup', task_id
 end
 
-if digest ~= '' and ARGV[15] ~= '1' then
-  local earlier = redis.call('HMGET', KEYS[4], 'task', 'digest')
-  if not earlier[1] and KEYS[22] then
-    earlier = redis.call('HMGET', KEYS[22], 'task', 'digest')
+if digest ~= '' and not c.replace_idempotency then
+  local earlier = redis.call('HMGET', it.idempotency, 'task', 'digest')
+  if not earlier[1] then
+    earlier = redis.call('HMGET', it.legacy_idempotency, 'task', 'digest')
   end
   if earlier[1] then
     if earlier[2] ~= digest then
-      admit_count(KEYS, field_base, 'rejected', '|idempotency_conflict')
+      admit_count(c, 'rejected', '|idempotency_conflict')
       return 'conflict', earlier[1]
     end
     return 'dup', earlier[1]
   end
 end
 
-local due = ARGV[20] == '0' and 0 or tonumber(ARGV[20])
+local due = it.due_ms == '0' and 0 or tonumber(it.due_ms)
+local waiting_key = c.lane_prefix .. c.lane .. LANE_WAITING_SUFFIX
 -- Deferred writes serve an item published directly; any other flushes what is pending first.
-if pend and (ARGV[17] ~= '' or due > 0) then
-  pend_flush(pend, ARGV[19] .. lane .. ':waiting', KEYS[23], KEYS[3])
+if pend and (it.limits ~= '' or due > 0) then
+  pend_flush(pend, waiting_key, c.deadlines, c.leases)
   pend = nil
 end
 
 -- The lane's depth: its tasks not claimed yet (waiting_add in _lib.lua), this one counted in now.
-local waiting_key = ARGV[19] .. lane .. ':waiting'
 local depth
 if pend then
   if not pend.base then pend.base = tonumber(redis.call('GET', waiting_key) or '0') end
@@ -109,59 +109,60 @@ else
   depth = redis.call('INCR', waiting_key) - 1
 end
 
-if ARGV[6] ~= '1' then return admit_reject(KEYS, pend, waiting_key, field_base, depth, 'lane_closed') end
-if depth >= tonumber(ARGV[7]) then return admit_reject(KEYS, pend, waiting_key, field_base, depth, 'lane_full') end
+if c.accepting ~= '1' then return admit_reject(c, pend, waiting_key, depth, 'lane_closed') end
+if depth >= c.capacity then return admit_reject(c, pend, waiting_key, depth, 'lane_full') end
 
 local position = depth + 1
 local publish = true
 if chat_id ~= '' then
-  local backlog = redis.call('LLEN', KEYS[5])
-  if backlog >= tonumber(ARGV[9]) then
-    return admit_reject(KEYS, pend, waiting_key, field_base, depth, 'chat_queue_full')
+  local backlog = redis.call('LLEN', it.chat_queue)
+  if backlog >= c.chat_queue_size then
+    return admit_reject(c, pend, waiting_key, depth, 'chat_queue_full')
   end
-  redis.call('RPUSH', KEYS[5], task_id)
-  redis.call('ZINCRBY', KEYS[10], 1, chat_id)
+  redis.call('RPUSH', it.chat_queue, task_id)
+  redis.call('ZINCRBY', c.chats, 1, chat_id)
   position = backlog + 1
   if backlog > 0 then
     publish = false
-    redis.call('INCR', KEYS[6])
+    redis.call('INCR', c.chat_waiting)
   end
 end
 
 -- Every task waiting in the lane is counted ahead, whatever its priority (an estimate's input).
 local ahead = depth
-local queue_key = KEYS[11 + tonumber(ARGV[5])]
+local queue_key = c.lists[tonumber(it.kombu_priority) + 1]
 -- An unlimited task due now that is its chat's head (or has no chat) is published right
 -- here: publish_record's work, without reading back the record just written.
-local direct = publish and ARGV[17] == '' and due <= 0
-local msg = ARGV[4]
-redis.call('HSET', KEYS[2], 'msg', msg, 'q', queue_key, 'lane', lane, 'type', ttype,
+local direct = publish and it.limits == '' and due <= 0
+local msg = it.message
+redis.call('HSET', record, 'msg', msg, 'q', queue_key, 'lane', c.lane, 'type', c.task_type,
   'st', due > 0 and 'scheduled' or 'queued', 'att', '1', 'dlv', '0', 'chat', chat_id,
-  'pub', direct and '1' or '0', 'dl', ARGV[16], 'own', '')
+  'pub', direct and '1' or '0', 'dl', it.deadline_ms, 'own', '')
 -- Counted in the lane's waiting count above.
 if pend then
   local d = pend.deadlines
-  d[#d + 1] = ARGV[16]
-  d[#d + 1] = KEYS[2]
+  d[#d + 1] = it.deadline_ms
+  d[#d + 1] = record
 else
-  redis.call('ZADD', KEYS[23], ARGV[16], KEYS[2])
+  redis.call('ZADD', c.deadlines, it.deadline_ms, record)
 end
 if due > 0 then
   -- Sent for later (the plain path pays nothing for this): runnable now, it waits
   -- in the delayed set; behind its chat's head, in the chat's queue (hand_over).
-  redis.call('HSET', KEYS[2], 'eta', ARGV[20], 'dq', KEYS[7])
+  redis.call('HSET', record, 'eta', it.due_ms, 'dq', c.delayed)
   if publish then
-    redis.call('ZADD', KEYS[7], due, KEYS[2])
-    redis.call('ZADD', KEYS[3], due + tonumber(ARGV[12]), KEYS[2])
+    redis.call('ZADD', c.delayed, due, record)
+    redis.call('ZADD', c.leases, due + tonumber(c.queued_lease_ms), record)
   end
   publish = false
 end
-if ARGV[17] ~= '' then
-  redis.call('HSET', KEYS[2], 'lim', ARGV[17], 'kp', ARGV[5])
+if it.limits ~= '' then
+  redis.call('HSET', record, 'lim', it.limits, 'kp', it.kombu_priority)
   if publish then
-    local now = tonumber(ARGV[2])
-    lim_setup(ARGV[18], ARGV[19], KEYS[8], KEYS[9], now, KEYS[3], now + tonumber(ARGV[12]))
-    gate_publish(KEYS[2], ARGV[17], lane, ARGV[5])
+    local now = tonumber(c.now_ms)
+    lim_setup(c.limit_prefix, c.lane_prefix, c.metrics_total, c.metrics_minute, now, c.leases,
+      now + tonumber(c.queued_lease_ms))
+    gate_publish(record, it.limits, c.lane, it.kombu_priority)
   end
 elseif direct then
   local mark = string.find(msg, '\0', 1, true)
@@ -175,44 +176,43 @@ elseif direct then
     end
     list[#list + 1] = tagged
     if not pend.lease_until then
-      pend.lease_until = string.format('%.0f', tonumber(ARGV[2]) + tonumber(ARGV[12]))
+      pend.lease_until = string.format('%.0f', tonumber(c.now_ms) + tonumber(c.queued_lease_ms))
     end
     local l = pend.leases
     l[#l + 1] = pend.lease_until
-    l[#l + 1] = KEYS[2]
+    l[#l + 1] = record
   else
     redis.call('LPUSH', queue_key, tagged)
     ring(bell_of(queue_key), bell_bit(queue_key))
-    redis.call('ZADD', KEYS[3], tonumber(ARGV[2]) + tonumber(ARGV[12]), KEYS[2])
+    redis.call('ZADD', c.leases, tonumber(c.now_ms) + tonumber(c.queued_lease_ms), record)
   end
 end
 if digest ~= '' then
   -- Its chat too (same command): a cancel by the key finds a chat-scoped record without a scan.
-  redis.call('HSET', KEYS[4], 'task', task_id, 'digest', digest, 'chat', chat_id)
-  redis.call('EXPIRE', KEYS[4], tonumber(ARGV[11]))
+  redis.call('HSET', it.idempotency, 'task', task_id, 'digest', digest, 'chat', chat_id)
+  redis.call('EXPIRE', it.idempotency, tonumber(c.idempotency_window_s))
 end
 -- 'dispatched' is counted by the caller, in process (lanes.counters), on an 'ok' reply.
 -- A task a limit did not admit: the instance it waits on, how many wait there
 -- before it, and the instance's Retry-After pause (admission's estimate). Nothing
 -- is read for a type that names no limit.
 local waits_on, waiting_ahead, paused_ms = '', 0, 0
-if ARGV[17] ~= '' then
-  waits_on = redis.call('HGET', KEYS[2], 'lw') or ''
+if it.limits ~= '' then
+  waits_on = redis.call('HGET', record, 'lw') or ''
   if waits_on ~= '' then
-    waiting_ahead = redis.call('ZRANK', waits_on .. ':w', KEYS[2]) or 0
-    paused_ms = math.max(0, redis.call('PTTL', waits_on .. ':p'))
+    waiting_ahead = redis.call('ZRANK', waits_on .. LIMIT_WAITING_SUFFIX, record) or 0
+    paused_ms = math.max(0, redis.call('PTTL', waits_on .. LIMIT_PAUSED_SUFFIX))
   end
 end
 -- The lane's completions, handler seconds, paused flag and live consumers: read only
--- when the caller has none fresh (ARGV[21] '1'); else '' and the caller uses what it read lately.
-local done, prev, paused, consumers = {'', ''}, {'', ''}, '', ''
-if ARGV[21] ~= '0' then
-  local done_field, busy_field = 'completed|' .. lane, 'busy|' .. lane
-  done = redis.call('HMGET', KEYS[9], done_field, busy_field)
-  prev = redis.call('HMGET', KEYS[21], done_field, busy_field)
-  paused = redis.call('SISMEMBER', KEYS[24], lane)
-  consumers = redis.call('ZCOUNT', KEYS[25], ARGV[2], '+inf')
+-- when asked (``read``); else the caller uses what it read lately.
+local inputs = nil
+if read then
+  local done_field, busy_field = 'completed|' .. c.lane, 'busy|' .. c.lane
+  local done = redis.call('HMGET', c.metrics_minute, done_field, busy_field)
+  local prev = redis.call('HMGET', c.metrics_previous_minute, done_field, busy_field)
+  inputs = {done[1] or '0', prev[1] or '0', done[2] or '0', prev[2] or '0',
+    redis.call('SISMEMBER', c.paused_lanes, c.lane), redis.call('ZCOUNT', c.consumers, c.now_ms, '+inf')}
 end
-return 'ok', position, depth, done[1] or '0', prev[1] or '0', ahead, done[2] or '0', prev[2] or '0',
-  paused, consumers, waits_on, waiting_ahead, paused_ms
+return 'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms, inputs
 end

@@ -24,7 +24,7 @@
 -- only at those lists. ring returns nothing; it costs an LINDEX, and an LPUSH
 -- (no token yet) or an LSET (a list not in the token yet).
 local function bell_of(list)
-  return (string.match(list, '^[^:]+')) .. ':bell'
+  return (string.match(list, '^[^:]+')) .. DOORBELL_SUFFIX
 end
 
 local function bell_bit(list)
@@ -64,13 +64,13 @@ end
 -- (published, behind its chat's head, parked for a retry, or waiting on a
 -- limit), and its lane keeps their count beside it (``<lane key prefix><lane>:waiting``,
 -- lanes.keys.lane_waiting): admission's depth in one command instead of ten
--- LLENs and three more reads (issue 16). A script changes the set only through
+-- LLENs and three more reads. A script changes the set only through
 -- these two, so the count moves exactly when the set does (ZADD and ZREM say
 -- whether they did). A count found below zero is dropped (never negative).
 -- waiting_add returns the Redis commands it ran (scripts that report their cost).
 local function waiting_add(deadlines, record, at, lane_prefix, lane)
   if redis.call('ZADD', deadlines, at, record) == 1 and lane and lane_prefix then
-    redis.call('INCR', lane_prefix .. lane .. ':waiting')
+    redis.call('INCR', lane_prefix .. lane .. LANE_WAITING_SUFFIX)
     return 2
   end
   return 1
@@ -78,7 +78,7 @@ end
 
 local function waiting_remove(deadlines, record, lane_prefix, lane)
   if redis.call('ZREM', deadlines, record) == 1 and lane and lane_prefix then
-    local key = lane_prefix .. lane .. ':waiting'
+    local key = lane_prefix .. lane .. LANE_WAITING_SUFFIX
     if tonumber(redis.call('DECR', key)) < 0 then redis.call('DEL', key) end
   end
 end
@@ -89,7 +89,7 @@ local function waiting_remove_all(deadlines, records, lane_prefix, lane)
   if #records == 0 then return end
   local removed = redis.call('ZREM', deadlines, unpack(records))
   if removed > 0 and lane and lane_prefix then
-    local key = lane_prefix .. lane .. ':waiting'
+    local key = lane_prefix .. lane .. LANE_WAITING_SUFFIX
     if tonumber(redis.call('DECRBY', key, removed)) < 0 then redis.call('DEL', key) end
   end
 end
@@ -152,7 +152,7 @@ end
 -- Keep the instance index (waiting + holding per base) in step; an idle base leaves it.
 local function lim_count(base, delta)
   local name = lim_parts(base)
-  local index = LIM.prefix .. 'inst:' .. name
+  local index = LIM.prefix .. LIMIT_INSTANCES_INFIX .. name
   if tonumber(redis.call('ZINCRBY', index, delta, base)) <= 0 then redis.call('ZREM', index, base) end
 end
 
@@ -161,7 +161,7 @@ local function lim_due(base, at)
 end
 
 local function lim_lane_waiting(lane, delta)
-  local key = LIM.lane_prefix .. lane .. ':limited'
+  local key = LIM.lane_prefix .. lane .. LANE_LIMITED_SUFFIX
   if tonumber(redis.call('INCRBY', key, delta)) <= 0 then redis.call('DEL', key) end
 end
 
@@ -169,15 +169,15 @@ end
 -- fair-share window are full: a release wakes it) or the ms when it may (tokens, pause).
 local function lim_refusal(base, name, d)
   local now = LIM.now
-  local paused = tonumber(redis.call('GET', base .. ':p') or '0')
+  local paused = tonumber(redis.call('GET', base .. LIMIT_PAUSED_SUFFIX) or '0')
   if paused > now then return paused end
   if d.fair_share then
-    if redis.call('SCARD', LIM.prefix .. name .. '::f') >= (d.window or 32) then return 'held' end
-  elseif d.max_in_flight and redis.call('SCARD', base .. ':f') >= d.max_in_flight then
+    if redis.call('SCARD', LIM.prefix .. name .. ':' .. LIMIT_HOLDING_SUFFIX) >= (d.window or 32) then return 'held' end
+  elseif d.max_in_flight and redis.call('SCARD', base .. LIMIT_HOLDING_SUFFIX) >= d.max_in_flight then
     return 'held'
   end
   if d.rate then
-    local b = redis.call('HMGET', base .. ':b', 't', 'ts')
+    local b = redis.call('HMGET', base .. LIMIT_BUCKET_SUFFIX, 't', 'ts')
     local t = tonumber(b[1] or d.burst)
     local ts = tonumber(b[2] or now)
     t = math.min(d.burst, t + math.max(0, now - ts) * d.rate / 1000)
@@ -195,7 +195,7 @@ local function lim_check(bases, from)
     local name = lim_parts(base)
     local d = lim_def(name)
     if d then
-      if base ~= from and redis.call('EXISTS', base .. ':w') == 1 then return base, 'queue' end
+      if base ~= from and redis.call('EXISTS', base .. LIMIT_WAITING_SUFFIX) == 1 then return base, 'queue' end
       local refusal = lim_refusal(base, name, d)
       if refusal then return base, refusal end
     end
@@ -212,13 +212,13 @@ local function lim_take(record, bases)
     if d then
       if d.rate then
         local t = (LIM.tokens[base] or d.burst) - 1
-        redis.call('HSET', base .. ':b', 't', t, 'ts', now)
+        redis.call('HSET', base .. LIMIT_BUCKET_SUFFIX, 't', t, 'ts', now)
         -- Gone once it would be full again: an idle key leaves nothing behind.
-        redis.call('PEXPIRE', base .. ':b', math.ceil((d.burst - t) * 1000 / d.rate) + 1000)
+        redis.call('PEXPIRE', base .. LIMIT_BUCKET_SUFFIX, math.ceil((d.burst - t) * 1000 / d.rate) + 1000)
         LIM.tokens[base] = nil
       end
-      if redis.call('SADD', base .. ':f', record) == 1 then lim_count(base, 1) end
-      if d.fair_share then redis.call('SADD', LIM.prefix .. name .. '::f', record) end
+      if redis.call('SADD', base .. LIMIT_HOLDING_SUFFIX, record) == 1 then lim_count(base, 1) end
+      if d.fair_share then redis.call('SADD', LIM.prefix .. name .. ':' .. LIMIT_HOLDING_SUFFIX, record) end
       count_to(LIM.total, LIM.minute, 'lim_admitted|' .. name)
     end
   end
@@ -226,12 +226,12 @@ end
 
 -- Put ``record`` in ``base``'s waiting set (score kept across moves), waking it when due.
 local function lim_enqueue(record, base, refusal, score)
-  if redis.call('ZADD', base .. ':w', score, record) == 1 then lim_count(base, 1) end
+  if redis.call('ZADD', base .. LIMIT_WAITING_SUFFIX, score, record) == 1 then lim_count(base, 1) end
   if type(refusal) == 'number' then lim_due(base, refusal) end
   local name, value = lim_parts(base)
   local d = lim_def(name)
   if d and d.fair_share then
-    local ring = LIM.prefix .. 'ring:' .. name
+    local ring = LIM.prefix .. LIMIT_RING_INFIX .. name
     if not redis.call('LPOS', ring, value) then redis.call('RPUSH', ring, value) end
   end
   redis.call('HSET', record, 'st', 'limited', 'lw', base)
@@ -262,7 +262,7 @@ end
 local function lim_try_head(record, from)
   local f = redis.call('HMGET', record, 'st', 'lim', 'lane', 'ls')
   if f[1] ~= 'limited' then
-    redis.call('ZREM', from .. ':w', record)
+    redis.call('ZREM', from .. LIMIT_WAITING_SUFFIX, record)
     lim_count(from, -1)
     return 'gone'
   end
@@ -272,7 +272,7 @@ local function lim_try_head(record, from)
     if type(refusal) == 'number' then lim_due(from, refusal) end
     return 'refused'
   end
-  redis.call('ZREM', from .. ':w', record)
+  redis.call('ZREM', from .. LIMIT_WAITING_SUFFIX, record)
   lim_count(from, -1)
   if base then
     lim_enqueue(record, base, refusal, f[4])
@@ -288,17 +288,17 @@ end
 -- Fair share: serve the keys with a backlog in turn (a key of weight w gets up to
 -- w tasks a turn) while the limit-wide window has room.
 local function lim_fair_drain(name, d, budget)
-  local ring = LIM.prefix .. 'ring:' .. name
-  local credit = LIM.prefix .. 'credit:' .. name
+  local ring = LIM.prefix .. LIMIT_RING_INFIX .. name
+  local credit = LIM.prefix .. LIMIT_CREDIT_INFIX .. name
   local wide = LIM.prefix .. name .. ':'
   local steps = 2 * budget + redis.call('LLEN', ring)
   while budget > 0 and steps > 0 do
     steps = steps - 1
-    if redis.call('SCARD', wide .. ':f') >= (d.window or 32) then return end
+    if redis.call('SCARD', wide .. LIMIT_HOLDING_SUFFIX) >= (d.window or 32) then return end
     local key = redis.call('LINDEX', ring, 0)
     if not key then return end
     local base = wide .. key
-    local head = redis.call('ZRANGE', base .. ':w', 0, 0)[1]
+    local head = redis.call('ZRANGE', base .. LIMIT_WAITING_SUFFIX, 0, 0)[1]
     if not head then
       redis.call('LPOP', ring)
       redis.call('HDEL', credit, key)
@@ -307,7 +307,7 @@ local function lim_fair_drain(name, d, budget)
       if outcome == 'published' then
         budget = budget - 1
         local weight = tonumber((d.weights or {})[key]) or 1
-        if redis.call('EXISTS', base .. ':w') == 0 then
+        if redis.call('EXISTS', base .. LIMIT_WAITING_SUFFIX) == 0 then
           redis.call('LPOP', ring)
           redis.call('HDEL', credit, key)
         elseif redis.call('HINCRBY', credit, key, 1) >= weight then
@@ -330,12 +330,12 @@ local function lim_drain(base, budget)
   local d = lim_def(name)
   if d and d.fair_share then return lim_fair_drain(name, d, budget) end
   while budget > 0 do
-    local head = redis.call('ZRANGE', base .. ':w', 0, 0)[1]
+    local head = redis.call('ZRANGE', base .. LIMIT_WAITING_SUFFIX, 0, 0)[1]
     if not head then return end
     if lim_try_head(head, base) == 'refused' then return end
     budget = budget - 1
   end
-  if redis.call('EXISTS', base .. ':w') == 1 then lim_due(base, LIM.now) end
+  if redis.call('EXISTS', base .. LIMIT_WAITING_SUFFIX) == 1 then lim_due(base, LIM.now) end
 end
 
 --- A task gives back its slots (finished, parked for a retry, expired, or leaked):
@@ -343,9 +343,9 @@ end
 local function lim_release(record, lim)
   local bases = lim_split(lim)
   for _, base in ipairs(bases) do
-    if redis.call('SREM', base .. ':f', record) == 1 then lim_count(base, -1) end
+    if redis.call('SREM', base .. LIMIT_HOLDING_SUFFIX, record) == 1 then lim_count(base, -1) end
     local name = lim_parts(base)
-    redis.call('SREM', LIM.prefix .. name .. '::f', record)
+    redis.call('SREM', LIM.prefix .. name .. ':' .. LIMIT_HOLDING_SUFFIX, record)
   end
   for _, base in ipairs(bases) do lim_drain(base, 20) end
 end
@@ -425,7 +425,7 @@ local function finish_record(c, record, task_id, outcome, result, owner, tombsto
   -- lease that ran out anyway only has the sweep republish the finished record,
   -- whose copy re-stores the result row), and it left the deadlines set at the
   -- claim. Only a task finished without a claim (poison, expired before it ran)
-  -- gets the settle lease and leaves the set here (issue 16: docs/redis-budget.md).
+  -- gets the settle lease and leaves the set here (docs/redis-budget.md).
   if not (st == 'running' and owner ~= '' and f[3] == owner) then
     redis.call('ZADD', c.leases, c.settle_until, record)
     if c.deadlines then waiting_remove(c.deadlines, record, c.lane_prefix, f[2]) end

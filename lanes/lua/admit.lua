@@ -1,62 +1,116 @@
--- admit.lua: admission of one dispatch, and its publish, in one atomic step.
+-- admit.lua: admission of a chunk of one task type's dispatches, in one atomic step
+-- (dispatch.delay sends a chunk of one, dispatch_many up to tasks.bulk.CHUNK_ITEMS);
+-- each item is admitted by admit_one (_admit.lua), as if it were called alone.
 --
--- KEYS[1]  config version        KEYS[2]  task record (hash)
--- KEYS[3]  leases (zset)         KEYS[4]  idempotency key (string hash) or unused
--- KEYS[5]  chat queue (list)     KEYS[6]  lane's chat-waiting counter
--- KEYS[7]  lane delayed (zset)   KEYS[8]  metrics totals (hash)
--- KEYS[9]  metrics minute (hash) KEYS[10] active chats index (zset)
--- KEYS[11..20] the lane's ten priority lists (kombu priority 0..9)
--- ARGV: 1 expected config version, 2 now ms, 3 task id, 4 message (NUL marks
---   the delivery tag's place), 5 kombu priority 0..9, 6 accepting 0/1,
---   7 lane capacity, 8 chat id or '', 9 chat queue size, 10 payload digest or ''
---   (no idempotency key), 11 idempotency window s, 12 queued lease ms,
---   13 lane, 14 task type, 15 '1' to take over the idempotency key (a requeue;
---   its task id is derived from the dead letter, so a task record of that id
---   already here means an earlier requeue of the same row: answer 'dup')
--- KEYS[21] metrics of the previous minute (for the lane's recent completion rate)
--- KEYS[22] the idempotency key in its old, ambiguous format: read (never written)
---   when KEYS[4] is absent, until keys stored before the upgrade have expired
--- KEYS[23] deadlines of waiting tasks (zset)   KEYS[24] paused lanes (set)
--- KEYS[25] the lane's live consumers (zset: worker -> heartbeat expiry ms; lanes.consumers)
--- ARGV[16] the task's deadline, epoch ms
--- ARGV[17] the task's limit instance bases, newline-separated ('' when its type
---   names no limits: then nothing below touches a limit key), ARGV[18] limits key
---   prefix (lanes.keys.LIMIT_PREFIX), ARGV[19] lane key prefix (lanes.keys.LANE_PREFIX)
--- KEYS[26] the lane's count of tasks waiting on a limit (not read here since issue 16)
--- (No key is written for a cancel: a cancel by task id finds a chat-scoped record in the
---   deadlines and leases sets, lanes.records; the idempotency key keeps the task's chat.)
--- ARGV[20] when the task is due, epoch ms ('0': now, the plain dispatch). A task
---   sent for later (countdown / eta) is stored with st 'scheduled' and its due
---   time in the record's ``eta`` field; runnable (not chat-scoped, or its chat's
---   head) it waits in the lane's delayed set (KEYS[7], where retries wait) with a
---   lease at due + queued lease, and promote.lua publishes it when due; behind its
---   chat's head it waits in the chat's queue like any message (hand_over parks it).
--- ARGV[21] '1' to read the lane's completions, handler seconds, paused flag and live
---   consumers ('0': the caller has them from a recent call; they come back '')
--- The depth is the lane's count of tasks not claimed yet (``<ARGV[19]><lane>:waiting``,
---   kept with the deadlines set: waiting_add in _lib.lua); KEYS[26] and the lane lists'
---   lengths are no longer read (their LLENs were ten commands a dispatch).
--- Returns {'stale', version} | {'dup', task_id} | {'conflict', task_id}
---   | {'rej', reason, depth} | {'ok', position, depth, completed_this_minute,
---   completed_previous_minute, ahead, busy_s_this_minute, busy_s_previous_minute,
---   paused 0/1, live_consumers, waits_on (limit instance base or ''),
---   waiting_ahead, paused_ms}
--- ``ahead``: the lane's tasks waiting before this one (any priority, since issue 16:
--- the same as depth); ``busy_s``: the
--- handler seconds the lane's workers spent in that minute (finish.lua).
+-- KEYS, the chunk's (SHARED_KEYS of them, in this order):
+--   config_version, leases (zset), chat_waiting (the lane's count of chat messages
+--   waiting behind their head), delayed (the lane's delayed zset), metrics_total,
+--   metrics_minute, metrics_previous_minute (hashes), chats (the active chats index),
+--   deadlines (zset of waiting tasks), paused_lanes (set), consumers (the lane's live
+--   consumers: worker -> heartbeat expiry ms, lanes.consumers), then the lane's ten
+--   priority lists (kombu priority 0..9);
+--   then each item's: its record, then its idempotency key and that key's old format
+--   (read, never written, until keys stored before the upgrade have expired) when it
+--   has a payload digest, then its chat's queue when it has a chat.
+-- ARGV, the chunk's (SHARED_ARGS of them, in this order):
+--   version (expected config version), now_ms, lane, task_type, accepting '1'/'0',
+--   capacity (of the lane), chat_queue_size, idempotency_window_s, queued_lease_ms,
+--   replace_idempotency ('1': a requeue takes over the key; its task id is derived
+--   from the dead letter, so a record of that id already here means an earlier
+--   requeue of the same row: answer 'dup'), limit_prefix (lanes.keys.LIMIT_PREFIX),
+--   lane_prefix (lanes.keys.LANE_PREFIX), read_estimate ('1': read the lane's
+--   estimate inputs; '0': the caller has them from a recent call);
+--   then ITEM_ARGS an item: task_id, message (a NUL marks the delivery tag's place),
+--   kombu_priority 0..9, chat ('' none), digest (of the payload; '' without an
+--   idempotency key), deadline_ms, limits (its limit instance bases, newline-separated;
+--   '' when its type names none: then nothing touches a limit key), due_ms ('0': now;
+--   a task sent for later is stored 'scheduled' with its due time in ``eta``: runnable,
+--   it waits in the delayed set with a lease at due + queued lease and promote.lua
+--   publishes it; behind its chat's head it waits in the chat's queue, hand_over parks it).
+--
+-- Returns {'stale', version} when the config changed (no item was looked at), else
+--   {inputs, reply 1, reply 2, ...}, one reply an item, in order:
+--   a number, its depth (accepted, no limit holds it, position depth + 1, its depth
+--   ahead: the common reply), {'ok', position, depth, ahead},
+--   {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms} (a limit holds it),
+--   {'rej', reason, depth}, {'dup', task_id} or {'conflict', task_id};
+--   ``inputs``: the lane's estimate inputs {completed this minute, completed the
+--   previous minute, handler seconds this minute, the previous minute's, paused 0/1,
+--   live consumers}, read once a call by the first item admitted ({} when none was,
+--   or read_estimate is '0'). lanes/lua/admit.py decodes all of it.
+--
+-- One call for a chunk: the EVALSHA, the config GET and, for a chunk of more than
+-- one, the lane's shared writes (waiting count, deadlines, leases, lane lists) are
+-- one each a call (pend, _admit.lua), so a plain item costs Redis its record's HSET
+-- and little else (docs/redis-budget.md). A chunk of one writes at once, as many
+-- commands as admission ever took for one dispatch.
 --
 -- Every accepted task enters the deadlines set, published or waiting behind its
--- chat's head: expire.lua makes it an ``expired`` dead letter at its deadline
--- if no worker has claimed it by then.
---
+-- chat's head: expire.lua makes it an ``expired`` dead letter at its deadline.
 -- Because Redis runs a script alone, a dispatch appending to a chat and a worker
--- handing the chat over (finish.lua) can never interleave: the seed's race, where
--- a hand-over deleted a queue that a submit had just found, cannot happen.
+-- handing the chat over (finish.lua) never interleave (the seed's race cannot happen).
+
+local SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 13, 8
+local c = {
+  config_version = KEYS[1], leases = KEYS[2], chat_waiting = KEYS[3], delayed = KEYS[4],
+  metrics_total = KEYS[5], metrics_minute = KEYS[6], metrics_previous_minute = KEYS[7], chats = KEYS[8],
+  deadlines = KEYS[9], paused_lanes = KEYS[10], consumers = KEYS[11],
+  lists = {KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18], KEYS[19], KEYS[20], KEYS[21]},
+  version = ARGV[1], now_ms = ARGV[2], lane = ARGV[3], task_type = ARGV[4], accepting = ARGV[5],
+  capacity = tonumber(ARGV[6]), chat_queue_size = tonumber(ARGV[7]), idempotency_window_s = ARGV[8],
+  queued_lease_ms = ARGV[9], replace_idempotency = ARGV[10] == '1', limit_prefix = ARGV[11],
+  lane_prefix = ARGV[12], read_estimate = ARGV[13] == '1',
+}
+local items = (#ARGV - SHARED_ARGS) / ITEM_ARGS
+
+-- Item ``n`` (0-based) into ``it`` (one table, reused), its keys from KEYS[k]; returns the next item's k.
+local function read_item(it, n, k)
+  local a = SHARED_ARGS + n * ITEM_ARGS
+  it.task_id, it.message, it.kombu_priority, it.chat = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
+  it.digest, it.deadline_ms, it.limits, it.due_ms = ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
+  it.record, it.idempotency, it.legacy_idempotency, it.chat_queue = KEYS[k], nil, nil, nil
+  k = k + 1
+  if it.digest ~= '' then
+    it.idempotency, it.legacy_idempotency = KEYS[k], KEYS[k + 1]
+    k = k + 2
+  end
+  if it.chat ~= '' then
+    it.chat_queue = KEYS[k]
+    k = k + 1
+  end
+  return k
+end
 
 --! include _admit.lua
 
-local version = redis.call('GET', KEYS[1]) or '0'
-if version ~= ARGV[1] then
+local version = redis.call('GET', c.config_version) or '0'
+if version ~= c.version then
   return {'stale', version}
 end
-return {admit_one(KEYS, ARGV, nil)}
+
+-- Deferred shared writes only when there are items to share them.
+local pend = items > 1 and pend_new() or nil
+local replies = {{}}
+local estimate = nil  -- an 'ok' reply's inputs, read once
+local it = {}
+local k = SHARED_KEYS + 1
+for n = 0, items - 1 do
+  k = read_item(it, n, k)
+  local read = c.read_estimate and not estimate
+  local status, position, depth, ahead, waits_on, waiting_ahead, paused_ms, inputs = admit_one(c, it, pend, read)
+  if status == 'ok' then
+    if read then estimate = inputs end
+    if waits_on ~= '' then
+      replies[n + 2] = {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms}
+    elseif position == depth + 1 and ahead == depth then
+      replies[n + 2] = depth  -- the common reply, a number
+    else
+      replies[n + 2] = {'ok', position, depth, ahead}
+    end
+  else
+    replies[n + 2] = {status, position, depth}  -- ('rej', reason, depth), ('dup'|'conflict', task id)
+  end
+end
+if pend then pend_flush(pend, c.lane_prefix .. c.lane .. LANE_WAITING_SUFFIX, c.deadlines, c.leases) end
+if estimate then replies[1] = estimate end
+return replies

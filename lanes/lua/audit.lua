@@ -39,14 +39,19 @@
 -- a chat repaired in the reply's counts, only in its repairs. It walks the index
 -- with ZSCAN, a batch per call.
 
-local cursor = redis.call('GET', KEYS[3]) or '0'
-local scan = redis.call('ZSCAN', KEYS[1], cursor, 'COUNT', tonumber(ARGV[2]))
-redis.call('SET', KEYS[3], scan[1])
-local now = tonumber(ARGV[1])
-local lease_until = now + tonumber(ARGV[3])
-lim_setup(ARGV[6], ARGV[7], KEYS[4], KEYS[5], now, KEYS[2], lease_until)
-local held_for = cjson.decode(ARGV[9])
-local held_default = tonumber(ARGV[10])
+local chats, leases, cursor_key, metrics_total, metrics_minute, deadlines, procs, vouched, parked_cursor =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local now, batch, queued_lease_ms, chat_prefix, chat_waiting_prefix, limit_prefix, lane_prefix = tonumber(ARGV[1]),
+  tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local held_prefix, held_json, held_default_ms, parked_batch = ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
+
+local cursor = redis.call('GET', cursor_key) or '0'
+local scan = redis.call('ZSCAN', chats, cursor, 'COUNT', batch)
+redis.call('SET', cursor_key, scan[1])
+local lease_until = now + queued_lease_ms
+lim_setup(limit_prefix, lane_prefix, metrics_total, metrics_minute, now, leases, lease_until)
+local held_for = cjson.decode(held_json)
+local held_default = held_default_ms
 local checked, handed, republished, dropped = 0, 0, 0, 0
 local repairs = {}
 
@@ -56,7 +61,7 @@ local function repaired(lane, chat_id, task_id, cause)
   repairs[#repairs + 1] = chat_id
   repairs[#repairs + 1] = task_id
   repairs[#repairs + 1] = cause
-  count_to(KEYS[4], KEYS[5], 'chats_repaired|' .. lane .. '|' .. cause)
+  count_to(metrics_total, metrics_minute, 'chats_repaired|' .. lane .. '|' .. cause)
 end
 
 -- Whether a head in state ``st`` has been held too long by an owner that cannot move it:
@@ -90,12 +95,12 @@ local function stalled(record, st, lease, ttype)
     cause = 'lost_copy'
   else
     local proc = string.match(f[1], '^(.*):[^:]*$') or f[1]
-    local alive = redis.call('ZSCORE', KEYS[7], proc)
+    local alive = redis.call('ZSCORE', procs, proc)
     if not alive then
       cause = 'owner_gone'
-    elseif tonumber(alive) <= now and tonumber(redis.call('ZSCORE', KEYS[8], proc) or '0') <= now then
+    elseif tonumber(alive) <= now and tonumber(redis.call('ZSCORE', vouched, proc) or '0') <= now then
       cause = 'owner_dead'
-    elseif redis.call('SISMEMBER', ARGV[8] .. proc, record) == 0 then
+    elseif redis.call('SISMEMBER', held_prefix .. proc, record) == 0 then
       cause = 'not_running'
     else
       return nil  -- alive and holding it: an overrun, which its own worker ends (attempt limits)
@@ -107,33 +112,33 @@ end
 local entries = scan[2]
 for i = 1, #entries, 2 do
   local chat_id = entries[i]
-  local base = ARGV[4] .. '{' .. chat_id .. '}:'
-  local queue = base .. 'q'
+  local tagged = chat_prefix .. '{' .. chat_id .. '}'
+  local queue, records = tagged .. CHAT_QUEUE_SUFFIX, tagged .. CHAT_RECORDS_SUFFIX
   checked = checked + 1
   local head = redis.call('LINDEX', queue, 0)
   if not head then
-    redis.call('ZREM', KEYS[1], chat_id)
+    redis.call('ZREM', chats, chat_id)
     dropped = dropped + 1
   else
-    local record = base .. 't:' .. head
+    local record = records .. head
     local r = redis.call('HMGET', record, 'st', 'lane', 'type')
     local st, lane = r[1], r[2]
-    local lease = redis.call('ZSCORE', KEYS[2], record)
+    local lease = redis.call('ZSCORE', leases, record)
     if not st or st == 'cancelled' then
       -- Vanished, or cancelled while still the head (cancel.lua hands over in the same call,
       -- so only a script aborted midway leaves this; never republish it): the chat moves on.
-      local next_id = hand_over(queue, chat_id, base .. 't:', KEYS[1], KEYS[2], lease_until, ARGV[5])
+      local next_id = hand_over(queue, chat_id, records, chats, leases, lease_until, chat_waiting_prefix)
       handed = handed + 1
-      if not lane and next_id ~= '' then lane = redis.call('HGET', base .. 't:' .. next_id, 'lane') end
+      if not lane and next_id ~= '' then lane = redis.call('HGET', records .. next_id, 'lane') end
       repaired(lane, chat_id, head, st and 'cancelled' or 'vanished')
     elseif st ~= 'limited' and not lease then
       local f = redis.call('HMGET', record, 'eta', 'dq')
       if st == 'scheduled' and tonumber(f[1]) > now then
         -- Sent for later and not due: back to its delayed set, never published early.
         redis.call('ZADD', f[2], tonumber(f[1]), record)
-        redis.call('ZADD', KEYS[2], tonumber(f[1]) + tonumber(ARGV[3]), record)
+        redis.call('ZADD', leases, tonumber(f[1]) + queued_lease_ms, record)
       else
-        publish_record(record, KEYS[2], lease_until)
+        publish_record(record, leases, lease_until)
       end
       republished = republished + 1
       repaired(lane, chat_id, head, 'no_lease')
@@ -141,9 +146,9 @@ for i = 1, #entries, 2 do
       local cause = stalled(record, st, lease, r[3] or '')
       if cause then
         local deadline = redis.call('HGET', record, 'dl')
-        publish_record(record, KEYS[2], lease_until)
+        publish_record(record, leases, lease_until)
         -- A claim had taken it out of the deadlines set: it waits again (as sweep.lua does).
-        if deadline then waiting_add(KEYS[6], record, tonumber(deadline), ARGV[7], lane) end
+        if deadline then waiting_add(deadlines, record, tonumber(deadline), lane_prefix, lane) end
         redis.call('HDEL', record, 'aud')
         republished = republished + 1
         repaired(lane, chat_id, head, cause)
@@ -153,14 +158,14 @@ for i = 1, #entries, 2 do
 end
 
 -- The parked leases, from where the last call stopped (the offset wraps at the end).
-local want = tonumber(ARGV[11])
-local offset = tonumber(redis.call('GET', KEYS[9]) or '0')
-local parked = redis.call('ZRANGEBYSCORE', KEYS[2], '+inf', '+inf', 'LIMIT', offset, want)
-redis.call('SET', KEYS[9], #parked < want and 0 or offset + #parked)
+local want = parked_batch
+local offset = tonumber(redis.call('GET', parked_cursor) or '0')
+local parked = redis.call('ZRANGEBYSCORE', leases, '+inf', '+inf', 'LIMIT', offset, want)
+redis.call('SET', parked_cursor, #parked < want and 0 or offset + #parked)
 for _, record in ipairs(parked) do
   local r = redis.call('HMGET', record, 'st', 'lane', 'type', 'chat')
   if r[1] == 'queued' and stalled(record, 'queued', 'inf', r[3] or '') then
-    publish_record(record, KEYS[2], lease_until)
+    publish_record(record, leases, lease_until)
     redis.call('HDEL', record, 'aud')
     if r[4] and r[4] ~= '' then republished = republished + 1 end
     repaired(r[2], r[4] or '', string.match(record, '([^:]+)$'), 'lost_copy')

@@ -1,19 +1,17 @@
 -- cancel.lua: cancel tasks that are no longer wanted, each in one atomic step.
 --
--- KEYS[1] leases   KEYS[2] deadlines of waiting tasks   KEYS[3] active chats index
--- KEYS[4] metrics totals   KEYS[5] metrics minute
--- KEYS[6] the chat queue (mode 'chat'), else leases again (unused)
--- KEYS[7..] the task records to cancel (mode 'records'; none in mode 'chat')
--- ARGV: 1 now ms, 2 the cancel's detail as JSON (kept in the record and its
---   tombstone: the REVOKED row's reason, also when a worker stores it later),
---   3 seconds to keep the tombstone, 4 tombstone key prefix, 5 settle lease ms,
---   6 queued lease ms, 7 chat key prefix ('dispatch:chat:'), 8 chat-waiting key
---   prefix, 9 delayed-set key prefix, 10 limits key prefix, 11 lane key prefix (its
---   limited count, and its waiting count kept with the deadlines set: _lib.lua),
---   12 mode ('records' | 'chat'), 13 chat id (mode 'chat'), 14 the detail as
---   plain text (a running task's flag), 15 only this lane ('' for any),
---   16 '1' to leave running tasks alone (a lane purge cancels what waits only),
---   17.. the task ids of KEYS[7..], in the same order (mode 'records')
+-- KEYS: leases, deadlines (of waiting tasks), chats (the active chats index), metrics_total,
+--   metrics_minute, chat_queue (mode 'chat'; else leases again, unused), then the task
+--   records to cancel (mode 'records', from RECORDS on; none in mode 'chat')
+-- ARGV: now_ms, detail_json (the cancel's detail, kept in the record and its tombstone:
+--   the REVOKED row's reason, also when a worker stores it later), tombstone_ttl_s,
+--   tombstone_prefix, settle_lease_ms, queued_lease_ms, chat_prefix ('dispatch:chat:'),
+--   chat_waiting_prefix, delayed_prefix, limit_prefix, lane_prefix (its limited count,
+--   and its waiting count kept with the deadlines set: _lib.lua), mode ('records' |
+--   'chat'), chat_id (mode 'chat'), detail_text (the detail as plain text: a running
+--   task's flag), only_lane ('' for any), waiting_only ('1': leave running tasks alone,
+--   a lane purge cancels what waits only), then the task ids of the records, in the
+--   same order (mode 'records', from IDS on)
 -- Returns a flat list {task_id, outcome, detail, lane, type, chat, ...}, six per target
 --   (lane, type and chat are '' unless the outcome is 'cancelled'):
 --   'cancelled' (it waited; removed; the record is kept as 'cancelled' under a
@@ -34,11 +32,20 @@
 -- behind the head leaves the chat queue. Mode 'chat' walks the chat queue from its tail, so a cancelled head
 -- hands over only once, to what is left.
 
-local now = tonumber(ARGV[1])
-local detail_json, detail_text = ARGV[2], ARGV[14]
-local only_lane, waiting_only = ARGV[15], ARGV[16] == '1'
-local lease_until = now + tonumber(ARGV[6])
-lim_setup(ARGV[10], ARGV[11], KEYS[4], KEYS[5], now, KEYS[1], lease_until)
+local leases, deadlines, chats, metrics_total, metrics_minute, chat_queue = KEYS[1], KEYS[2], KEYS[3], KEYS[4],
+  KEYS[5], KEYS[6]
+local now, detail_json, tombstone_ttl_s, tombstone_prefix, settle_lease_ms, queued_lease_ms = tonumber(ARGV[1]),
+  ARGV[2], tonumber(ARGV[3]), ARGV[4], tonumber(ARGV[5]), tonumber(ARGV[6])
+local chat_prefix, chat_waiting_prefix, delayed_prefix, limit_prefix, lane_prefix = ARGV[7], ARGV[8], ARGV[9],
+  ARGV[10], ARGV[11]
+local mode, chat_id, detail_text, only_lane, waiting_only = ARGV[12], ARGV[13], ARGV[14], ARGV[15], ARGV[16] == '1'
+local RECORDS, IDS = 7, 17
+local targets = #KEYS - RECORDS + 1
+-- Target ``n`` (1-based) of mode 'records': its record and task id.
+local function target(n) return KEYS[RECORDS + n - 1], ARGV[IDS + n - 1] end
+
+local lease_until = now + queued_lease_ms
+lim_setup(limit_prefix, lane_prefix, metrics_total, metrics_minute, now, leases, lease_until)
 local out = {}
 
 local function answer(task_id, outcome, detail, lane, ttype, chat)
@@ -54,7 +61,7 @@ local function cancel_one(record, task_id)
   local f = redis.call('HMGET', record, 'st', 'lane', 'type', 'chat', 'q', 'pub', 'msg', 'lim', 'lw', 'res')
   local st, lane, chat = f[1], f[2], f[4]
   if not st then
-    local tomb = redis.call('GET', ARGV[4] .. task_id)
+    local tomb = redis.call('GET', tombstone_prefix .. task_id)
     if not tomb then return answer(task_id, 'unknown') end
     local outcome, rest = string.match(tomb, '^([^|]*)|(.*)$')
     if outcome == 'cancelled' then outcome = 'already' end
@@ -73,7 +80,7 @@ local function cancel_one(record, task_id)
     return answer(task_id, 'skipped', 'state ' .. st)
   end
   if st == 'limited' then
-    if f[9] and redis.call('ZREM', f[9] .. ':w', record) == 1 then lim_count(f[9], -1) end
+    if f[9] and redis.call('ZREM', f[9] .. LIMIT_WAITING_SUFFIX, record) == 1 then lim_count(f[9], -1) end
     lim_lane_waiting(lane, -1)
   elseif st == 'queued' and f[6] and f[6] ~= '0' then
     -- Its copy in the lane list (kombu pops from the tail: search from there).
@@ -82,38 +89,38 @@ local function cancel_one(record, task_id)
     redis.call('LREM', f[5], -1, string.sub(msg, 1, mark - 1) .. task_id .. '.' .. f[6] .. string.sub(msg, mark + 1))
   end
   -- Scheduled or parked for a retry: it leaves the lane's delayed set (whatever its state says).
-  redis.call('ZREM', ARGV[9] .. lane, record)
+  redis.call('ZREM', delayed_prefix .. lane, record)
   redis.call('HSET', record, 'st', 'cancelled', 'res', detail_json, 'own', '')
   redis.call('HDEL', record, 'lw', 'ls')
   if st == 'queued' and f[8] then lim_release(record, f[8]) end
   if chat and chat ~= '' then
-    local base = ARGV[7] .. '{' .. chat .. '}:'
-    local queue = base .. 'q'
+    local tagged = chat_prefix .. '{' .. chat .. '}'
+    local queue = tagged .. CHAT_QUEUE_SUFFIX
     if redis.call('LINDEX', queue, 0) == task_id then
-      hand_over(queue, chat, base .. 't:', KEYS[3], KEYS[1], lease_until, ARGV[8])
+      hand_over(queue, chat, tagged .. CHAT_RECORDS_SUFFIX, chats, leases, lease_until, chat_waiting_prefix)
     elseif redis.call('LREM', queue, 1, task_id) > 0 then
-      if tonumber(redis.call('ZINCRBY', KEYS[3], -1, chat)) <= 0 then redis.call('ZREM', KEYS[3], chat) end
+      if tonumber(redis.call('ZINCRBY', chats, -1, chat)) <= 0 then redis.call('ZREM', chats, chat) end
       -- Behind its head (never published): counted as waiting behind its chat, whether
       -- queued or sent for later ('scheduled' waits in the chat queue until handed over).
       if (st == 'queued' or st == 'scheduled') and (f[6] or '0') == '0' then
-        local waiting = ARGV[8] .. lane
+        local waiting = chat_waiting_prefix .. lane
         if tonumber(redis.call('DECR', waiting)) <= 0 then redis.call('DEL', waiting) end
       end
     end
   end
-  redis.call('SET', ARGV[4] .. task_id, 'cancelled|' .. detail_json, 'EX', tonumber(ARGV[3]))
+  redis.call('SET', tombstone_prefix .. task_id, 'cancelled|' .. detail_json, 'EX', tombstone_ttl_s)
   -- It leaves the deadlines set, and its lane's waiting count with it (_lib.lua).
-  waiting_remove(KEYS[2], record, ARGV[11], lane)
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[5]), record)
-  count_to(KEYS[4], KEYS[5], 'cancelled|' .. lane .. '|' .. (f[3] or ''))
+  waiting_remove(deadlines, record, lane_prefix, lane)
+  redis.call('ZADD', leases, now + settle_lease_ms, record)
+  count_to(metrics_total, metrics_minute, 'cancelled|' .. lane .. '|' .. (f[3] or ''))
   return answer(task_id, 'cancelled', '', lane, f[3], chat)
 end
 
-if ARGV[12] == 'chat' then
-  local base = ARGV[7] .. '{' .. ARGV[13] .. '}:'
-  local ids = redis.call('LRANGE', KEYS[6], 0, -1)
-  for i = #ids, 1, -1 do cancel_one(base .. 't:' .. ids[i], ids[i]) end
+if mode == 'chat' then
+  local records = chat_prefix .. '{' .. chat_id .. '}' .. CHAT_RECORDS_SUFFIX
+  local ids = redis.call('LRANGE', chat_queue, 0, -1)
+  for i = #ids, 1, -1 do cancel_one(records .. ids[i], ids[i]) end
 else
-  for i = 7, #KEYS do cancel_one(KEYS[i], ARGV[10 + i]) end
+  for n = 1, targets do cancel_one(target(n)) end
 end
 return out

@@ -12,7 +12,7 @@
 --   ('dispatch:chat:'), 12 lane key prefix (each claimed task leaves its lane's
 --   waiting count with the deadlines set, _lib.lua)
 -- Returns {messages claimed (each as the broker held it), ...}. Their counts
--- (started) are the wrapper's, kept in process since issue 16 (lanes.counters).
+-- (started) are the wrapper's, kept in process (lanes.counters).
 --
 -- A message is taken only when the single path's claim (start.lua) would run it
 -- at once: its record is 'queued' at the message's attempt, it is its chat's
@@ -30,18 +30,22 @@
 -- limits admit. Chat order: only a chat's head is ever published, so two
 -- items of one chat are never in one batch, nor in two batches at once.
 
-local want = tonumber(ARGV[7])
-local budget = tonumber(ARGV[8])
-local now = tonumber(ARGV[4])
-local lease_until = now + tonumber(ARGV[5])
-local max_dlv = tonumber(ARGV[6])
+local leases, deadlines, procs, held = unpack(KEYS, 1, 4)
+local lists = {unpack(KEYS, 5)}
+local handler, task_type, owner, now_ms, lease_ms, max_deliveries, most, look_at_most, process, liveness_ms,
+  chat_prefix, lane_prefix = unpack(ARGV, 1, 12)
+
+local want = tonumber(most)
+local budget = tonumber(look_at_most)
+local now = tonumber(now_ms)
+local lease_until = now + tonumber(lease_ms)
+local max_dlv = tonumber(max_deliveries)
 local taken = {}
 local claimed, leased, by_lane = {}, {}, {}
 local looked = 0
 
-for i = 5, #KEYS do
+for _, list in ipairs(lists) do
   if #taken >= want or looked >= budget then break end
-  local list = KEYS[i]
   -- kombu pops from the right (oldest first): look at the oldest messages first.
   local window = budget - looked
   local msgs = redis.call('LRANGE', list, -window, -1)
@@ -55,7 +59,7 @@ for i = 5, #KEYS do
     local took = false
     local ok, m = pcall(cjson.decode, raw)
     local h = ok and type(m) == 'table' and m['headers'] or nil
-    if type(h) == 'table' and h['task'] == ARGV[1] and h['shadow'] == ARGV[2] and h['dispatch_leased'] == true
+    if type(h) == 'table' and h['task'] == handler and h['shadow'] == task_type and h['dispatch_leased'] == true
         and type(h['dispatch_record']) == 'string' and type(h['id']) == 'string' then
       local record = h['dispatch_record']
       local f = redis.call('HMGET', record, 'st', 'att', 'chat', 'dlv', 'lane')
@@ -63,13 +67,13 @@ for i = 5, #KEYS do
       local dlv = tonumber(f[4] or '0')
       local ready = f[1] == 'queued' and tonumber(f[2]) == attempt and dlv < max_dlv
       if ready and f[3] and f[3] ~= '' then
-        ready = redis.call('LINDEX', ARGV[11] .. '{' .. f[3] .. '}:q', 0) == h['id']
+        ready = redis.call('LINDEX', chat_prefix .. '{' .. f[3] .. '}' .. CHAT_QUEUE_SUFFIX, 0) == h['id']
       end
       if ready then
         took = true
         if unbroken then trim = trim + 1 else removals[#removals + 1] = raw end
         -- The delivery count travels in the claim's HSET (as start.lua's).
-        redis.call('HSET', record, 'st', 'running', 'own', ARGV[3], 'dlv', dlv + 1)
+        redis.call('HSET', record, 'st', 'running', 'own', owner, 'dlv', dlv + 1)
         taken[#taken + 1] = raw
         claimed[#claimed + 1] = record
         leased[#leased + 1] = lease_until
@@ -86,12 +90,12 @@ for i = 5, #KEYS do
 end
 
 if #taken > 0 then
-  -- Every claimed record at once (issue 16): out of the deadlines set and its lane's
+  -- Every claimed record at once: out of the deadlines set and its lane's
   -- waiting count, a lease each, and into the process's held set.
-  for lane, records in pairs(by_lane) do waiting_remove_all(KEYS[2], records, ARGV[12], lane) end
-  redis.call('ZADD', KEYS[1], unpack(leased))
-  redis.call('SADD', KEYS[4], unpack(claimed))
+  for lane, records in pairs(by_lane) do waiting_remove_all(deadlines, records, lane_prefix, lane) end
+  redis.call('ZADD', leases, unpack(leased))
+  redis.call('SADD', held, unpack(claimed))
   -- A process that has not beaten yet registers with its claims (0: it has, its beat keeps it).
-  if tonumber(ARGV[10]) > 0 then redis.call('ZADD', KEYS[3], 'NX', now + tonumber(ARGV[10]), ARGV[9]) end
+  if tonumber(liveness_ms) > 0 then redis.call('ZADD', procs, 'NX', now + tonumber(liveness_ms), process) end
 end
 return taken

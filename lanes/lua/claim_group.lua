@@ -15,7 +15,8 @@ local FIRST_ITEM, FIELDS = 7, 6
 local c = {
   leases = leases, deadlines = deadlines, procs = procs, held = held, now = tonumber(now_ms),
   lease_ms = tonumber(lease_ms), max_dlv = tonumber(max_deliveries), process = process,
-  liveness_ms = tonumber(liveness_ms), lane_prefix = lane_prefix, leased = {}, claimed = {}, seen = {},
+  liveness_ms = tonumber(liveness_ms), lane_prefix = lane_prefix,
+  leased = {}, claimed = {}, seen = {}, by_lane = {}, lanes = {},
 }
 local out = {redis.call('GET', config_version) or '0'}
 for i = FIRST_ITEM, #ARGV, FIELDS do

@@ -22,13 +22,18 @@
 -- lane, execution latency, the lane's handler seconds) are the caller's, kept in
 -- process (lanes.counters): only an 'ok' reply counts them.
 
-local now = tonumber(ARGV[4])
-lim_setup(ARGV[12], ARGV[13], KEYS[5], KEYS[6], now, KEYS[2], now + tonumber(ARGV[6]))
+local record, leases, chat_queue, chats, metrics_total, metrics_minute, tombstone, deadlines = unpack(KEYS, 1, 8)
+local task_id, outcome, result, now_ms, tomb_ttl_s, queued_lease_ms, chat_id, chat_records, chat_waiting_prefix,
+  owner, settle_lease_ms, limit_prefix, lane_prefix = unpack(ARGV, 1, 13)
+
+local now = tonumber(now_ms)
+lim_setup(limit_prefix, lane_prefix, metrics_total, metrics_minute, now, leases, now + tonumber(queued_lease_ms))
 local c = {
-  leases = KEYS[2], deadlines = KEYS[8], lane_prefix = ARGV[13], chats = KEYS[4],
-  tomb_ttl_s = tonumber(ARGV[5]), settle_until = now + tonumber(ARGV[11]),
-  handover_until = now + tonumber(ARGV[6]), chat_waiting_prefix = ARGV[9],
+  leases = leases, deadlines = deadlines, lane_prefix = lane_prefix, chats = chats,
+  tomb_ttl_s = tonumber(tomb_ttl_s), settle_until = now + tonumber(settle_lease_ms),
+  handover_until = now + tonumber(queued_lease_ms), chat_waiting_prefix = chat_waiting_prefix,
 }
-local reply, detail = finish_record(c, KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[10], KEYS[7], ARGV[7], KEYS[3], ARGV[8])
+local reply, detail = finish_record(c, record, task_id, outcome, result, owner, tombstone, chat_id, chat_queue,
+  chat_records)
 if reply == 'gone' then return {'gone'} end
 return {reply, detail}

@@ -35,7 +35,7 @@ def finish(
 
 
 def count_finished(metric_field: str, outcome: str, reason: str, bucket: str, seconds: float, now: float) -> None:
-    """The counts of a task that reached a terminal state (finish.lua's, before issue 16)."""
+    """The counts of a task that reached a terminal state, in process (no command in finish.lua)."""
     lane = metric_field.split("|", 1)[0]
     if outcome == "done":
         counters.add(f"succeeded|{metric_field}", now)

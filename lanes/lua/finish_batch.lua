@@ -11,25 +11,30 @@
 -- Returns one reply per item, in order: 'ok' | 'already' | 'gone' | 'taken'
 --   (what finish.lua answers; an item answered 'taken' stores no result row).
 -- The batch's counts (succeeded, completed, latencies, handler seconds) are the
--- wrapper's, kept in process since issue 16 (lanes.counters), for the 'ok' items.
+-- wrapper's, kept in process (lanes.counters), for the 'ok' items.
 --
 -- Each item goes through finish_record (_lib.lua), the steps finish.lua takes
 -- for one task. Like finish.lua it is safe to run twice: a second run finds
 -- each record already done and changes nothing.
 
-local now = tonumber(ARGV[1])
+local leases, chats, metrics_total, metrics_minute, deadlines = unpack(KEYS, 1, 5)
+local now_ms, tomb_ttl_s, queued_lease_ms, settle_lease_ms, chat_waiting_prefix, limit_prefix, lane_prefix, chat_prefix,
+  tombstone_prefix = unpack(ARGV, 1, 9)
+local FIRST_ITEM, FIELDS = 10, 5
+
+local now = tonumber(now_ms)
 local replies = {}
-lim_setup(ARGV[6], ARGV[7], KEYS[3], KEYS[4], now, KEYS[1], now + tonumber(ARGV[3]))
+lim_setup(limit_prefix, lane_prefix, metrics_total, metrics_minute, now, leases, now + tonumber(queued_lease_ms))
 local c = {
-  leases = KEYS[1], deadlines = KEYS[5], lane_prefix = ARGV[7], chats = KEYS[2],
-  tomb_ttl_s = tonumber(ARGV[2]), settle_until = now + tonumber(ARGV[4]),
-  handover_until = now + tonumber(ARGV[3]), chat_waiting_prefix = ARGV[5],
+  leases = leases, deadlines = deadlines, lane_prefix = lane_prefix, chats = chats,
+  tomb_ttl_s = tonumber(tomb_ttl_s), settle_until = now + tonumber(settle_lease_ms),
+  handover_until = now + tonumber(queued_lease_ms), chat_waiting_prefix = chat_waiting_prefix,
 }
 
-for i = 10, #ARGV, 5 do
-  local task_id, record, chat, result, owner = ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4]
-  local chat_base = ARGV[8] .. '{' .. chat .. '}:'
-  replies[#replies + 1] = finish_record(c, record, task_id, 'done', result, owner, ARGV[9] .. task_id, chat,
-    chat_base .. 'q', chat_base .. 't:')
+for i = FIRST_ITEM, #ARGV, FIELDS do
+  local task_id, record, chat, result, owner = unpack(ARGV, i, i + FIELDS - 1)
+  local chat_base = chat_prefix .. '{' .. chat .. '}'
+  replies[#replies + 1] = finish_record(c, record, task_id, 'done', result, owner, tombstone_prefix .. task_id, chat,
+    chat_base .. CHAT_QUEUE_SUFFIX, chat_base .. CHAT_RECORDS_SUFFIX)
 end
 return replies

@@ -41,7 +41,7 @@ def finish_batch(
 ) -> list[str]:
     """Run finish_batch.lua (KEYS/ARGV in its header); returns one reply per item, in order.
 
-    The batch's counts are kept here, in process (``lanes.counters``, issue 16):
+    The batch's counts are kept here, in process (``lanes.counters``):
     ``queue`` (the queue latencies of the items gathered by claim_batch.lua)
     always; succeeded and completed per 'ok' item, and ``execution`` and the
     lane's handler seconds ``busy_s`` once any item took. No items: no call.
@@ -63,7 +63,7 @@ def finish_batch(
 
 def count_batch(metric_field: str, succeeded: int, execution: Latencies, busy_s: float, queue: Latencies,
                 now: float) -> None:
-    """A batch's counts (finish_batch.lua's before issue 16; the fields finish and start count one by one)."""
+    """A batch's counts, in process (the same fields finish and start count one by one)."""
     lane = metric_field.split("|", 1)[0]
     if succeeded:
         counters.add(f"succeeded|{metric_field}", now, succeeded)

@@ -1,6 +1,6 @@
 -- forget.lua: settle finished tasks whose result rows are stored (a batch).
 --
--- KEYS[1] leases (or the expired-pending set)   KEYS[2..] task records
+-- KEYS: index (leases, or the expired-pending set), then the task records (from RECORDS on)
 -- Returns the number of records removed.
 --
 -- finish.lua (and cancel.lua) leave a finished record (state done, dead or
@@ -12,14 +12,16 @@
 -- state is not read again, and the records go in one DEL and one ZREM per
 -- ``CHUNK`` of them: a settling thread sends every record it settled in the
 -- last tenth of a second, so that is a small fraction of a command per task
--- instead of three (issue 16, docs/redis-budget.md). A record already gone
+-- instead of three (docs/redis-budget.md). A record already gone
 -- (settled by another copy's worker) is simply not counted.
+
+local index, RECORDS, records = KEYS[1], 2, KEYS
 
 local CHUNK = 200  -- records per command (unpack's arguments stay far below Lua's stack limit)
 local removed = 0
-for first = 2, #KEYS, CHUNK do
-  local last = math.min(first + CHUNK - 1, #KEYS)
-  removed = removed + redis.call('DEL', unpack(KEYS, first, last))
-  redis.call('ZREM', KEYS[1], unpack(KEYS, first, last))
+for first = RECORDS, #records, CHUNK do
+  local last = math.min(first + CHUNK - 1, #records)
+  removed = removed + redis.call('DEL', unpack(records, first, last))
+  redis.call('ZREM', index, unpack(records, first, last))
 end
 return removed

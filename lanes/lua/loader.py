@@ -1,5 +1,5 @@
-"""Loads the Lua scripts (each ``<name>.lua`` prefixed with ``_lib.lua``, its ``--! include`` lines
-filled in) and runs them.
+"""Loads the Lua scripts (each ``<name>.lua`` prefixed with the ``lanes.keys`` constants it may use
+(``prelude``) and ``_lib.lua``, its ``--! include`` lines filled in) and runs them.
 
 The scripts live beside this module, each with one typed Python wrapper
 (``lanes/lua/admit.py`` for ``admit.lua``, ...): the wrapper is the only code
@@ -14,6 +14,7 @@ per server.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from lanes import keys
 from lanes.redis_client import get_redis
 
 SCRIPT_DIR = Path(__file__).parent
@@ -32,11 +34,26 @@ SCRIPT_DIR = Path(__file__).parent
 INCLUDE = "--! include "
 
 
+def prelude() -> str:
+    """``lanes.keys``' constants that the scripts use (``keys.LUA_CONSTANTS``), as Lua locals of the same
+    names: one source for a key's suffix, in Python and in Lua."""
+    lines = []
+    for name in keys.LUA_CONSTANTS:
+        value = getattr(keys, name)
+        if not isinstance(value, str) or not _LUA_PLAIN.fullmatch(value):
+            raise ValueError(f"lanes.keys.{name} = {value!r} cannot be written as a plain Lua string")
+        lines.append(f"local {name} = '{value}'\n")
+    return "".join(lines)
+
+
+_LUA_PLAIN = re.compile(r"[A-Za-z0-9_.:{}-]*")
+
+
 @cache
 def _source(name: str, directory: Path | None = None) -> str:
     folder = directory or SCRIPT_DIR
     lib = folder / "_lib.lua"
-    prefix = lib.read_text() + "\n" if lib.exists() else ""
+    prefix = prelude() + (lib.read_text() + "\n" if lib.exists() else "")
     lines = (folder / f"{name}.lua").read_text().splitlines(keepends=True)
     body = "".join(
         (folder / line[len(INCLUDE):].strip()).read_text() + "\n" if line.startswith(INCLUDE) else line
@@ -111,6 +128,11 @@ class NotSent(RedisError):
         self.cause = cause
 
 
+#: (connection pool, script SHA) pairs whose server answered a ``SCRIPT LOAD`` of this process: a
+#: ``ScriptStream`` there sends its first batch without one (and again with one on ``NOSCRIPT``).
+_loaded_on: set[tuple[int, str]] = set()
+
+
 class ScriptStream:
     """Batches of calls of one script, sent on one connection with the next batch sent before the last is read.
 
@@ -118,7 +140,11 @@ class ScriptStream:
     per batch, and the caller's work overlaps Redis'. One connection keeps the
     order: Redis runs the calls in the order they were sent. The first batch
     carries ``SCRIPT LOAD`` ahead of its calls (same round trip), so a server
-    that lost the script (restart, ``SCRIPT FLUSH``) has it again. Never raises:
+    that lost the script (restart, ``SCRIPT FLUSH``) has it again; once this
+    process has seen that server load it, the first batch goes without, and is
+    read before any other is sent (so that a ``NOSCRIPT`` answer, which means
+    nothing of it ran, is sent again with ``SCRIPT LOAD``, still first). A lone
+    call (a single dispatch) is then one ``EVALSHA``. Never raises:
     ``receive`` gives each call its reply or the ``RedisError`` it met (a
     ``ResponseError`` of that call alone; the connection's error for every call
     not yet answered, in this batch and those sent after it: their outcome is
@@ -133,7 +159,12 @@ class ScriptStream:
         self._pool: Any = None
         self._error: RedisError | None = None
         self._loaded = False
-        self._in_flight: list[tuple[int, bool, bool]] = []  # (calls, SCRIPT LOAD reply first, sent) a batch
+        # (calls, SCRIPT LOAD reply first, sent) a batch
+        self._in_flight: list[tuple[int, bool, bool]] = []
+        #: The first batch, sent without SCRIPT LOAD and not read yet: read before another is sent.
+        self._probe: Sequence[Any] | None = None
+        self._probe_replies: list[Any] | None = None
+        self._server_has = False
 
     def __enter__(self) -> ScriptStream:
         try:
@@ -141,6 +172,7 @@ class ScriptStream:
             self._sha, self._source = found.sha, found.script
             self._pool = found.registered_client.connection_pool  # type: ignore[union-attr]
             self._conn = self._pool.get_connection()
+            self._server_has = (id(self._pool), self._sha) in _loaded_on
         except RedisError as exc:
             self._error = NotSent(exc)
         return self
@@ -154,10 +186,30 @@ class ScriptStream:
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight)
+        return len(self._in_flight) + (self._probe_replies is not None)
 
     def send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed]) -> None:
         """Send one batch (``(keys, args)`` or ``Packed`` per call); its replies come from a later ``receive``."""
+        if self._probe is not None:
+            self._read_probe()
+        probe = not self._loaded and self._error is None and self._server_has
+        if probe:
+            self._loaded = True
+            self._probe = calls
+        self._send(calls)
+
+    def _read_probe(self) -> None:
+        """Read the first batch, sent without SCRIPT LOAD; if the server lost the script, send it again with."""
+        calls, self._probe = self._probe, None
+        replies = self._read()
+        if replies and all(isinstance(reply, NoScriptError) for reply in replies):  # nothing of it ran
+            _loaded_on.discard((id(self._pool), self._sha))
+            self._loaded = False
+            self._send(calls)  # type: ignore[arg-type]  # set with the probe
+            replies = self._read()
+        self._probe_replies = replies
+
+    def _send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed]) -> None:
         load = not self._loaded
         sent = self._error is None
         if sent:
@@ -175,6 +227,14 @@ class ScriptStream:
 
     def receive(self) -> list[Any]:
         """The replies of the oldest batch sent and not yet received, in order."""
+        if self._probe is not None:
+            self._read_probe()
+        if self._probe_replies is not None:
+            replies, self._probe_replies = self._probe_replies, None
+            return replies
+        return self._read()
+
+    def _read(self) -> list[Any]:
         count, load, sent = self._in_flight.pop(0)
         if self._error is not None:
             error = self._error
@@ -186,6 +246,7 @@ class ScriptStream:
             if load:
                 try:
                     self._conn.read_response()
+                    _loaded_on.add((id(self._pool), self._sha))
                 except ResponseError:  # the calls then answer NOSCRIPT, each its own error
                     pass
             while len(replies) < count:
@@ -200,6 +261,8 @@ class ScriptStream:
 
     def replicas_confirmed(self, replicas: int, timeout_ms: int) -> RedisError | None:
         """``WAIT replicas timeout_ms`` for every write sent so far; None when enough replicas hold them."""
+        if self._probe is not None:
+            self._read_probe()
         if self._error is not None:
             return self._error
         try:
@@ -214,7 +277,7 @@ class ScriptStream:
 class Packed:
     """A script call's keys and arguments already in Redis' protocol: ``count`` bulk strings (``resp``), the
     first ``numkeys`` of them keys. For a caller that writes thousands of arguments a call faster than
-    packing them one by one (``lanes.lua.admit_many.packed``); ``ScriptStream.send`` adds the EVALSHA."""
+    packing them one by one (``lanes.lua.admit.packed``); ``ScriptStream.send`` adds the EVALSHA."""
 
     __slots__ = ("count", "numkeys", "resp")
 

@@ -1,10 +1,9 @@
 -- reclaim.lua: hand on at once what dead worker processes held (docs/liveness.md).
 --
--- KEYS[1] live processes (zset: host:pid -> liveness expiry ms)
--- KEYS[2] vouched processes (zset: host:pid -> until ms; pid seen alive on its host)
--- KEYS[3] leases   KEYS[4] deadlines of waiting tasks
--- ARGV: 1 now ms, 2 most processes per call, 3 held-set key prefix,
---   4 in-hand-set key prefix, 5 queued lease ms, 6 lane key prefix (a claim handed back
+-- KEYS: procs (live processes, zset: host:pid -> liveness expiry ms), vouched (zset:
+--   host:pid -> until ms; pid seen alive on its host), leases, deadlines (of waiting tasks)
+-- ARGV: now_ms, batch (most processes per call), held_prefix (of a process's held set),
+--   in_hand_prefix (of its in-hand set), queued_lease_ms, lane_prefix (a claim handed back
 --   waits again: its lane's waiting count rises with the deadlines set, _lib.lua)
 -- Returns {processes_reclaimed, records_examined, republished, redis_commands}.
 --
@@ -19,30 +18,33 @@
 -- over only when nobody vouches for the process: a stopped process may wake
 -- and finish its effect, and only its lease bounds that (sweep.lua then).
 
-local now = tonumber(ARGV[1])
-local lease_until = now + tonumber(ARGV[5])
-local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local procs, vouched_set, leases, deadlines = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local now, batch, held_prefix, in_hand_prefix, queued_lease_ms, lane_prefix =
+  tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4], tonumber(ARGV[5]), ARGV[6]
+
+local lease_until = now + queued_lease_ms
+local dead = redis.call('ZRANGEBYSCORE', procs, '-inf', now, 'LIMIT', 0, batch)
 local reclaimed, examined, republished, commands = 0, 0, 0, 1
 
 for _, proc in ipairs(dead) do
-  local in_hand_key = ARGV[4] .. proc
+  local in_hand_key = in_hand_prefix .. proc
   for _, record in ipairs(redis.call('SMEMBERS', in_hand_key)) do
     examined = examined + 1
     commands = commands + 1
-    if redis.call('HGET', record, 'st') == 'queued' and publish_record(record, KEYS[3], lease_until) then
+    if redis.call('HGET', record, 'st') == 'queued' and publish_record(record, leases, lease_until) then
       republished = republished + 1
       commands = commands + 6
     end
   end
   redis.call('DEL', in_hand_key)
   commands = commands + 3
-  local vouched = tonumber(redis.call('ZSCORE', KEYS[2], proc) or '0')
+  local vouched = tonumber(redis.call('ZSCORE', vouched_set, proc) or '0')
   if vouched > now then
     -- Alive but silent (stopped, starved): its claims wait for their leases; look again then.
-    redis.call('ZADD', KEYS[1], vouched, proc)
+    redis.call('ZADD', procs, vouched, proc)
     commands = commands + 1
   else
-    local held_key = ARGV[3] .. proc
+    local held_key = held_prefix .. proc
     local mine = proc .. ':'
     for _, record in ipairs(redis.call('SMEMBERS', held_key)) do
       examined = examined + 1
@@ -52,18 +54,18 @@ for _, proc in ipairs(dead) do
       local finished = st == 'done' or st == 'dead' or st == 'cancelled'
       if (st == 'running' and string.sub(f[2] or '', 1, #mine) == mine) or finished then
         -- A finished record keeps its state: its copy only stores the result row (start.lua).
-        if publish_record(record, KEYS[3], lease_until, finished and st or nil) then
+        if publish_record(record, leases, lease_until, finished and st or nil) then
           republished = republished + 1
           commands = commands + 6
           if not finished and f[4] then
-            commands = commands + waiting_add(KEYS[4], record, tonumber(f[4]), ARGV[6], f[3])
+            commands = commands + waiting_add(deadlines, record, tonumber(f[4]), lane_prefix, f[3])
           end
         end
       end
     end
     redis.call('DEL', held_key)
-    redis.call('ZREM', KEYS[1], proc)
-    redis.call('ZREM', KEYS[2], proc)
+    redis.call('ZREM', procs, proc)
+    redis.call('ZREM', vouched_set, proc)
     commands = commands + 4
     reclaimed = reclaimed + 1
   end

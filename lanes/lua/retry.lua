@@ -21,33 +21,37 @@
 -- The message leaves worker memory: it waits in Redis, so a delay longer than
 -- the broker's visibility timeout cannot make it run twice.
 
-local f = redis.call('HMGET', KEYS[1], 'st', 'att', 'own', 'lim', 'cx', 'lane')
-if f[1] ~= 'running' or tonumber(f[2]) ~= tonumber(ARGV[1]) - 1 or f[3] ~= ARGV[6] then
+local record, leases, delayed, metrics_total, metrics_minute, deadlines = unpack(KEYS, 1, 6)
+local next_attempt, message, due_ms, queued_lease_ms, metric_field, owner, now_ms, retry_after_ms, limit_prefix,
+  lane_prefix = unpack(ARGV, 1, 10)
+
+local f = redis.call('HMGET', record, 'st', 'att', 'own', 'lim', 'cx', 'lane')
+if f[1] ~= 'running' or tonumber(f[2]) ~= tonumber(next_attempt) - 1 or f[3] ~= owner then
   return {'already', f[1] or ''}
 end
 if f[5] then return {'cancelled', f[5]} end
-local due = tonumber(ARGV[3])
-redis.call('HSET', KEYS[1], 'msg', ARGV[2], 'att', ARGV[1], 'st', 'retry', 'dlv', '0', 'own', '')
-redis.call('ZADD', KEYS[3], due, KEYS[1])
-redis.call('ZADD', KEYS[2], due + tonumber(ARGV[4]), KEYS[1])
-local deadline = redis.call('HGET', KEYS[1], 'dl')
-if KEYS[6] and deadline then waiting_add(KEYS[6], KEYS[1], tonumber(deadline), ARGV[10], f[6]) end
+local due = tonumber(due_ms)
+redis.call('HSET', record, 'msg', message, 'att', next_attempt, 'st', 'retry', 'dlv', '0', 'own', '')
+redis.call('ZADD', delayed, due, record)
+redis.call('ZADD', leases, due + tonumber(queued_lease_ms), record)
+local deadline = redis.call('HGET', record, 'dl')
+if deadlines and deadline then waiting_add(deadlines, record, tonumber(deadline), lane_prefix, f[6]) end
 if f[4] then
-  local now = tonumber(ARGV[7])
-  lim_setup(ARGV[9], ARGV[10], KEYS[4], KEYS[5], now, KEYS[2], now + tonumber(ARGV[4]))
-  local pause_ms = tonumber(ARGV[8])
+  local now = tonumber(now_ms)
+  lim_setup(limit_prefix, lane_prefix, metrics_total, metrics_minute, now, leases, now + tonumber(queued_lease_ms))
+  local pause_ms = tonumber(retry_after_ms)
   if pause_ms > 0 then
     for _, base in ipairs(lim_split(f[4])) do
       local d = lim_def((lim_parts(base)))
       if d and (d.scope == 'key' or d.scope == 'global') then
         local until_ms = now + pause_ms
-        if until_ms > tonumber(redis.call('GET', base .. ':p') or '0') then
-          redis.call('SET', base .. ':p', until_ms, 'PX', pause_ms)
+        if until_ms > tonumber(redis.call('GET', base .. LIMIT_PAUSED_SUFFIX) or '0') then
+          redis.call('SET', base .. LIMIT_PAUSED_SUFFIX, until_ms, 'PX', pause_ms)
         end
       end
     end
   end
-  lim_release(KEYS[1], f[4])
+  lim_release(record, f[4])
 end
-count_to(KEYS[4], KEYS[5], 'retried|' .. ARGV[5] .. '|' .. (tonumber(ARGV[1]) - 1))
+count_to(metrics_total, metrics_minute, 'retried|' .. metric_field .. '|' .. (tonumber(next_attempt) - 1))
 return {'ok'}

@@ -3,7 +3,10 @@
 -- channel onto a lane list). _lib.lua's ring: at most one token, its bits the lists
 -- pushed since it was rung.
 --
--- KEYS[1] the lane's doorbell (lanes.keys.lane_doorbell)
--- ARGV[1] the bits of the lists pushed (bit p: the lane's list of kombu priority p)
-ring(KEYS[1], tonumber(ARGV[1]))
+-- KEYS: doorbell (the lane's, lanes.keys.lane_doorbell)
+-- ARGV: bits (of the lists pushed; bit p: the lane's list of kombu priority p)
+local doorbell = KEYS[1]
+local bits = tonumber(ARGV[1])
+
+ring(doorbell, bits)
 return 1

@@ -21,7 +21,8 @@ local task_id, attempt, owner, now_ms, lease_ms, max_deliveries, dead_owner, pro
 local c = {
   leases = leases, deadlines = deadlines, procs = procs, held = held, now = tonumber(now_ms),
   lease_ms = tonumber(lease_ms), max_dlv = tonumber(max_deliveries), process = process,
-  liveness_ms = tonumber(liveness_ms), lane_prefix = lane_prefix, leased = {}, claimed = {}, seen = {},
+  liveness_ms = tonumber(liveness_ms), lane_prefix = lane_prefix,
+  leased = {}, claimed = {}, seen = {}, by_lane = {}, lanes = {},
 }
 local status, detail = claim_record(c, record, task_id, attempt, owner, dead_owner, chat_queue, tombstone)
 claim_flush(c)

@@ -1,9 +1,9 @@
 -- sweep.lua: republish tasks whose lease expired (a stopped worker's claim, a
 -- finished task never settled, a lost publish), without reading the backlog.
 --
--- KEYS[1] leases   KEYS[2] deadlines of waiting tasks (a running task republished waits again)
--- ARGV: 1 now ms, 2 most to handle, 3 queued lease ms, 4 delayed-set key prefix,
---   5 lane key prefix (a running task republished counts as waiting again, _lib.lua)
+-- KEYS: leases, deadlines (of waiting tasks: a running task republished waits again; optional)
+-- ARGV: now_ms, batch (most to handle), queued_lease_ms, delayed_prefix (of a lane's delayed set),
+--   lane_prefix (a running task republished counts as waiting again, _lib.lua)
 -- Returns {republished, forgotten, parked, redis_commands}.
 --
 -- A republished copy may meet an earlier copy still in the broker; execution
@@ -22,8 +22,11 @@
 -- again while it waits; once popped, the popping worker's in-hand set and
 -- then its claim cover it, and its deadline bounds it in any case).
 
-local now = tonumber(ARGV[1])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[2]))
+local leases, deadlines = KEYS[1], KEYS[2]
+local now, batch, queued_lease_ms, delayed_prefix, lane_prefix =
+  tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5]
+
+local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, batch)
 local republished, forgotten, parked, commands = 0, 0, 0, 1
 for _, record in ipairs(expired) do
   local f = redis.call('HMGET', record, 'st', 'lane', 'q', 'eta')
@@ -36,7 +39,7 @@ for _, record in ipairs(expired) do
     commands = commands + 1
   end
   if waiting then
-    redis.call('ZADD', KEYS[1], '+inf', record)
+    redis.call('ZADD', leases, '+inf', record)
     commands = commands + 1
     parked = parked + 1
   elseif st == 'retry' or st == 'scheduled' then
@@ -46,24 +49,24 @@ for _, record in ipairs(expired) do
     -- now; never before its due time in any case.
     local at = now
     if st == 'scheduled' then at = math.max(now, tonumber(f[4]) or now) end
-    redis.call('ZADD', ARGV[4] .. f[2], at, record)
-    redis.call('ZADD', KEYS[1], at + tonumber(ARGV[3]), record)
+    redis.call('ZADD', delayed_prefix .. f[2], at, record)
+    redis.call('ZADD', leases, at + queued_lease_ms, record)
     commands = commands + 2
     republished = republished + 1
   elseif finished or st == 'queued' or st == 'running' then
     -- A finished record was never settled (its worker died before storing the
     -- result row): it keeps its state, so its copy only stores the row (start.lua).
-    if publish_record(record, KEYS[1], now + tonumber(ARGV[3]), finished and st or nil) then
+    if publish_record(record, leases, now + queued_lease_ms, finished and st or nil) then
       republished = republished + 1
       commands = commands + 7
-      local deadline = not finished and KEYS[2] and redis.call('HGET', record, 'dl')
-      if deadline then commands = commands + waiting_add(KEYS[2], record, tonumber(deadline), ARGV[5], f[2]) end
+      local deadline = not finished and deadlines and redis.call('HGET', record, 'dl')
+      if deadline then commands = commands + waiting_add(deadlines, record, tonumber(deadline), lane_prefix, f[2]) end
     else
-      redis.call('ZREM', KEYS[1], record)
+      redis.call('ZREM', leases, record)
       forgotten = forgotten + 1
     end
   else
-    redis.call('ZREM', KEYS[1], record)
+    redis.call('ZREM', leases, record)
     commands = commands + 1
     forgotten = forgotten + 1
   end

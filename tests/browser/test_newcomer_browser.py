@@ -97,7 +97,7 @@ def test_newcomer_makes_a_type_dispatches_over_http_and_requeues_its_dead_letter
         return state if state["dead_letter"] and state["state"] != "PENDING" else None
 
     state = wait_until(dead, timeout=60, interval=0.5, what="the task to be dead-lettered")
-    assert state["state"] == "FAILURE" and state["task_name"] == "demo.flaky", state  # the handler's Celery name
+    assert state["state"] == "FAILURE" and state["task_name"] == type_name, state  # the task type, not its handler
     assert state["dead_letter"]["reason"] == "non_retryable" and state["dead_letter"]["status"] == "dead", state
     link = f"{live_server}/admin/tasks/deadletter/?task_id={task_id}"
     # The failure's message (what ``DeadLettered`` says) names the reason and links to the row in the admin.

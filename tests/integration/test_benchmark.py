@@ -1,4 +1,4 @@
-"""``manage.py benchmark --quick``: every row is measured and printed (no speed assertion)."""
+"""``manage.py benchmark --quick``: every row is measured and printed (counts asserted, never speed)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,22 @@ from tools.benchmark import (
     BATCH_ITEM_COMMANDS_BUDGET,
     DEFAULT_WORKLOADS,
     DRAMATIQ_SYSTEMS,
+    PEER_PACKAGES,
+    PEER_SYSTEMS,
     PLAIN_PATH_COMMANDS_BUDGET,
     SYSTEMS,
     dramatiq_available,
+    peer_available,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _quick(workloads: list[str], systems: list[str] | tuple[str, ...]) -> dict:
+def _quick(workloads: list[str], systems: list[str] | tuple[str, ...], *extra: str) -> dict:
     out = subprocess.run(
         [sys.executable, "manage.py", "benchmark", "--quick", "--tasks", "80", "--dispatch-tasks", "200",
          "--warmup", "10", "--instances", "1", "--workloads", ",".join(workloads), "--systems", ",".join(systems),
-         "--json"],
+         *extra, "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
@@ -45,7 +48,7 @@ def test_quick_benchmark_prints_every_row():
     rows = {(r["workload"], r["system"]): r for r in report["rows"]}
     assert set(rows) == {("dispatch", s) for s in SYSTEMS} | {("noop", s) for s in end_to_end}
     for (workload, system), row in rows.items():
-        if system in DRAMATIQ_SYSTEMS and not dramatiq_available():
+        if not peer_available(system):
             assert row["status"].startswith("skipped"), row
             continue
         assert row["status"] == "ok", row
@@ -56,6 +59,8 @@ def test_quick_benchmark_prints_every_row():
         elif system == "batch-bulk":
             # Admitted by the chunk, claimed and finished by the batch: under one a task.
             assert 0 < row["redis_round_trips_per_task"], row
+        elif system == "taskiq":
+            assert row["redis_round_trips_per_task"] is None  # its asyncio client: not counted by tools.probe
         else:
             assert row["redis_round_trips_per_task"] >= 1
         if workload != "dispatch" and system in ("platform", "chat"):
@@ -84,6 +89,9 @@ def test_quick_benchmark_prints_every_row():
         # Every row is compared with the faster Dramatiq shape that ran.
         best = max(rows[("noop", s)]["median"] for s in DRAMATIQ_SYSTEMS if ("noop", s) in rows)
         assert rows[("noop", "platform")]["vs_dramatiq"] == round(rows[("noop", "platform")]["median"] / best, 2)
+        # And with the fastest peer that ran, named.
+        peer = rows[("noop", "platform")]["best_peer"]
+        assert peer in PEER_SYSTEMS and rows[("noop", peer)]["vs_peer"] == 1
     # The table form prints the same rows.
     text = subprocess.run(
         [sys.executable, "manage.py", "benchmark", "--quick", "--tasks", "20", "--dispatch-tasks", "20",
@@ -92,3 +100,51 @@ def test_quick_benchmark_prints_every_row():
     assert text.returncode == 0, text.stderr[-3000:]
     for system in SYSTEMS:
         assert f"dispatch  {system}" in text.stdout
+
+
+#: The peers added beside Dramatiq, each at its own defaults.
+NEW_PEERS = ("huey", "taskiq")
+LATENCY_IDLE = 20
+
+
+@pytest.fixture(scope="module")
+def peers_and_latency() -> dict:
+    """One run: the no-op workload, then latency, for the plain path and each new peer installed."""
+    systems = ["platform", *(p for p in NEW_PEERS if peer_available(p))]
+    report = _quick(["noop", "latency"], systems, "--latency-idle", str(LATENCY_IDLE), "--latency-gap-ms", "5",
+                    "--latency-load-s", "0.5")
+    return {(r["workload"], r["system"]): r for r in report["rows"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("peer", NEW_PEERS)
+def test_new_peer_rows(peers_and_latency, peer):
+    if not peer_available(peer):
+        pytest.skip(f"{PEER_PACKAGES[peer]} not installed (pip install -r requirements-bench.txt)")
+    row = peers_and_latency[("noop", peer)]
+    assert row["status"] == "ok" and row["median"] > 0, row
+    assert "its defaults" in row["workers"], row
+    # Counted, as for every system: each task's publish and pop at least.
+    assert row["redis_commands_per_task"] >= 2, row["commands_by_name"]
+    plain = peers_and_latency[("noop", "platform")]
+    best = max((r for (w, s), r in peers_and_latency.items() if w == "noop" and s in PEER_SYSTEMS),
+               key=lambda r: r["median"])
+    assert plain["best_peer"] == best["system"]
+    assert plain["vs_peer"] == round(plain["median"] / best["median"], 2)
+
+
+@pytest.mark.slow
+def test_latency_counts_every_task_sent(peers_and_latency):
+    rows = {s: r for (w, s), r in peers_and_latency.items() if w == "latency"}
+    assert set(rows) == {"platform", *(p for p in NEW_PEERS if peer_available(p))}
+    capacity = peers_and_latency[("noop", "platform")]["median"]
+    for system, row in rows.items():
+        assert row["status"] == "ok", row
+        idle, load = row["latency_ms"]["idle"], row["latency_ms"]["load"]
+        assert idle["sent"] == LATENCY_IDLE and idle["count"] == idle["sent"], (system, idle)
+        assert load["sent"] >= 1 and load["count"] == load["sent"], (system, load)
+        for phase in (idle, load):
+            assert 0 <= phase["p50"] <= phase["p99"], (system, phase)
+        # Paced at half the plain path's no-op rate measured in the same run.
+        assert load["capacity"] == capacity, (system, load)
+        assert load["sent"] == max(1, round(capacity * 0.5 * 0.5)), (system, load)

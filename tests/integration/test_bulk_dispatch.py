@@ -103,20 +103,48 @@ def test_one_round_trip_and_one_script_call_per_chunk(rc, monkeypatch):
     assert all(r.accepted for r in results)
     chunks = bulk.chunk_sizes(250)
     assert chunks == [50, 100, 50, 50] and len(chunks) < 250
-    assert sends == [1] * len(chunks)  # a round trip a chunk, one admit_many.lua call each
+    assert sends == [1] * len(chunks)  # a round trip a chunk, one admit.lua call each
     assert after - before == len(chunks)
     assert lane_depth(rc, lane) == 251
     # Issue 16's budget: a plain item costs its record's HSET; the lane's shared writes (waiting count,
-    # deadlines, leases, list) and the call itself are once a chunk. admit.lua alone is 7 an item.
+    # deadlines, leases, list) and the call itself are once a chunk. a chunk of one is 7 an item.
     assert commands <= 250 * 1.2, commands
     ready = [rc.lindex(q, -1) for q in keys.lane_queues(lane) if rc.llen(q)]
     assert ready and sum(rc.llen(q) for q in keys.lane_queues(lane)) == 251
     assert rc.zcard(keys.LEASES) >= 251
 
 
+def _script_loads(rc) -> int:
+    """SCRIPT calls Redis ran, LOAD and FLUSH (``cmdstat_script`` before Redis 7, ``cmdstat_script|load`` ...
+    since)."""
+    stats = rc.info("commandstats")
+    return sum(int(stat["calls"]) for name, stat in stats.items()
+               if name == "cmdstat_script" or name.startswith("cmdstat_script|"))
+
+
+def test_a_server_that_has_the_script_gets_no_script_load_and_one_that_lost_it_gets_it_again(rc):
+    """Admission sends ``SCRIPT LOAD`` only until this process saw the server load it; after a
+    ``SCRIPT FLUSH`` the first call answers NOSCRIPT (nothing ran) and is sent again with it, once."""
+    from tasks.dispatch import dispatch, dispatch_many
+
+    name, lane = unique("bulk-load"), unique("l-bulk-load")
+    define(name, lane=lane, timeout=3600)  # never due to expire while the session runs (expire_due's batch)
+    dispatch_many(name, [{"warm": i} for i in range(3)])
+    loads = _script_loads(rc)
+    assert all(r.accepted for r in dispatch_many(name, [{"i": i} for i in range(60)]))  # two chunks
+    assert dispatch.delay(name, {"one": 1}).accepted
+    assert _script_loads(rc) == loads
+    rc.script_flush()
+    results = [*dispatch_many(name, [{"after": i} for i in range(60)]), dispatch.delay(name, {"after": "one"})]
+    assert all(r.accepted for r in results), [r for r in results if not r.accepted][:3]
+    assert rc.exists(*(keys.task_record(r.task_id) for r in results)) == len(results)
+    assert lane_depth(rc, lane) == 3 + 60 + 1 + 61  # each item stored once
+    assert _script_loads(rc) - loads == 2  # the flush, then one load
+
+
 def test_a_chunk_admits_like_one_dispatch_a_call(rc):
-    """The same items through dispatch_many (one admit_many.lua call) and through a loop of
-    dispatch.delay (admit.lua each), on two types configured alike: the same answers, records,
+    """The same items through dispatch_many (chunks of many) and through a loop of
+    dispatch.delay (a chunk of one each), on two types configured alike: the same answers, records,
     lane lists (in the same order), leases, deadlines and waiting counts."""
     from tasks.dispatch import dispatch, dispatch_many
 
@@ -276,14 +304,16 @@ def test_the_api_bulk_endpoint_sends_its_items_in_one_round_trip(monkeypatch):
     r = client.post("/dispatch/bulk", {"task_type": name, "items": [{"n": i} for i in range(20)] + ["bad"]})
     assert r.status_code == 200, r.content
     assert [x["accepted"] for x in r.json()["results"]] == [True] * 20 + [False]
-    # One admit_many.lua call for every valid item, in one send, not one send (or call) each.
+    # One admit.lua call for every valid item, in one send, not one send (or call) each.
     assert chunks == [20] and max(sends) == 1
 
 
 def _items_in(script_calls) -> int:
-    """The items of the one admit_many.lua call a chunk sends (21 shared arguments, then 8 an item)."""
+    """The items of the one admit.lua call a chunk sends (its shared arguments, then a fixed count an item)."""
+    from lanes.lua import admit
+
     (call,), = [script_calls]
-    return (call.count - call.numkeys - 21) // 8
+    return (call.count - call.numkeys - admit.SHARED_ARGS) // admit.ITEM_ARGS
 
 
 def _count_evalsha_sends(monkeypatch, connection_class) -> list[int]:
@@ -348,6 +378,7 @@ def test_cli_payloads_file_judges_each_line_and_exits_by_the_worst(rc, tmp_path,
     written = [json.loads(line) for line in results_path.read_text().splitlines()]
     assert [x["line"] for x in written] == [1, 2, 3, 5, 6, 7, 8]
     assert written[0]["priority"] == 7 and written[5]["task_id"] == written[1]["task_id"]
+    assert written[0]["task_id"].startswith("cli-")  # the task remembers it came from the CLI (tasks.owners)
     assert lane_depth(rc, lane) == 2
 
     good = tmp_path / "good.jsonl"

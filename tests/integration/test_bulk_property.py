@@ -51,7 +51,7 @@ def _type_name() -> str:
 @given(batch=items, default_timeout=st.none() | timeouts, default_metadata=st.none() | metadatas)
 def test_dispatch_many_answers_every_item_in_order(batch, default_timeout, default_metadata):
     from tasks import config
-    from tasks.admission import DispatchResult, prepare
+    from tasks.admission import DispatchResult, chunk_context, prepare
     from tasks.bulk import split_item
     from tasks.dispatch import dispatch_many
     from tasks.reasons import REJECTION_REASONS
@@ -67,7 +67,7 @@ def test_dispatch_many_answers_every_item_in_order(batch, default_timeout, defau
         assert isinstance(result, DispatchResult)
         try:  # what one dispatch of this item would say before Redis
             payload, opts = split_item(item, defaults)
-            prepare(snap, name, payload, task_id="oracle", **opts)
+            prepare(snap, name, payload, task_id="oracle", context=chunk_context(), **opts)
             expected = None
         except Invalid as exc:
             expected = exc.reason

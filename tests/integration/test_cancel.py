@@ -218,7 +218,7 @@ def test_http_post_checks_ctx_cancelled_before_sending(rc, sink):
 
 
 def test_a_cancel_sends_the_task_finished_hook_with_outcome_cancelled(rc):
-    from tasks.hooks import task_finished
+    from tasks.signals import task_finished
 
     name, lane, chat = unique("ch"), unique("lch"), unique("chat")
     define(name, lane=lane, chat_scoped=True)

@@ -63,11 +63,31 @@ def test_dead_lettered_task_exits_3(types):
     assert out["state"] == "FAILURE" and "non_retryable" in out["error"]
 
 
-def test_wait_timeout_exits_4(types):
-    done = manage("dispatch", types["echo"], "--payload", '{"sleep": 8}', "--wait", "--wait-timeout", "0.5")
+def test_wait_timeout_exits_4_saying_the_task_runs(types):
+    """Past --wait-timeout a running task has no result row: the record says it runs (not PENDING)."""
+    done = manage("dispatch", types["echo"], "--payload", '{"sleep": 10}', "--wait", "--wait-timeout", "4")
     assert done.returncode == 4, (done.stdout, done.stderr)
     out = json.loads(done.stdout)
-    assert out["state"] in {"PENDING", "STARTED"} and "TimeoutError" in out["wait_error"]
+    assert out["state"] == "STARTED" and out["record_state"] == "running", out
+    assert "TimeoutError" in out["error"] and "wait_error" not in out, out
+
+
+def test_limit_key_is_an_option(types):
+    from tasks import config
+    from tasks.models import Limit, TaskType, TaskTypeLimit
+
+    name = unique("cli-keyed")
+    tt = define(name, handler="demo.echo", lane="t-default")
+    limit = Limit(name=unique("cli-supplier"), scope="key", rate=100, burst=100)
+    limit.full_clean()
+    limit.save()
+    TaskTypeLimit.objects.create(task_type=TaskType.objects.get(pk=tt.pk), limit=limit, position=0)
+    config.forget()
+    missing = manage("dispatch", name, "--payload", "{}")
+    assert missing.returncode == 1 and json.loads(missing.stdout)["reason"] == "invalid_limit_key", missing.stdout
+    done = manage("dispatch", name, "--payload", '{"n": 2}', "--limit-key", "supplier-3", "--wait")
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert json.loads(done.stdout)["result"] == {"n": 2}
 
 
 def test_help_documents_the_exit_codes():

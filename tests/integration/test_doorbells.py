@@ -34,7 +34,14 @@ class Monitor:
     """Every command Redis runs while in the ``with`` block (``MONITOR``), as redis-py parses them."""
 
     def __init__(self, rc) -> None:
-        self.rc, self.seen = rc, []
+        # Its own client with no read timeout: a MONITOR that waits longer than the pool's timeout for a
+        # command (a worker still booting on a loaded host) would end, seeing nothing from then on.
+        import redis
+
+        pool = redis.ConnectionPool(connection_class=rc.connection_pool.connection_class,
+                                    **{**rc.connection_pool.connection_kwargs, "socket_timeout": None})
+        self.rc = redis.Redis(connection_pool=pool)
+        self.seen: list[dict] = []
         self.marker = f"monitor-stop-{uuid.uuid4().hex}"
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.ready = threading.Event()

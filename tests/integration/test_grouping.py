@@ -163,3 +163,60 @@ def test_a_worker_killed_mid_group_loses_nothing_and_applies_nothing_twice(start
     assert not sink.sink.overlaps
     wait_until(lambda: TaskResult.objects.filter(task_id__in=ids, status="SUCCESS").count() == len(ids),
                timeout=60, what="every result row")
+
+
+def test_flower_lists_every_task_of_a_group_by_type_with_its_final_state(start_worker, tmp_path):
+    """Flower's own API (``/api/tasks``) sees the grouped tasks as Celery's would be: name = type, state."""
+    import base64
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = open(tmp_path / "flower.log", "wb")
+    flower = subprocess.Popen(
+        [sys.executable, "-m", "dispatchsite.flower_server", "--address=127.0.0.1", f"--port={port}"],
+        cwd=root, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "FLOWER_BASIC_AUTH": "admin:grouping-pw"})
+    auth = "Basic " + base64.b64encode(b"admin:grouping-pw").decode()
+
+    def api(path: str):
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers={"Authorization": auth})
+        try:
+            with urllib.request.urlopen(request, timeout=5) as response:
+                return json.loads(response.read())
+        except OSError:
+            return None
+
+    try:
+        wait_until(lambda: api("/api/workers?refresh=false") is not None, timeout=60, interval=0.2,
+                   what="flower up")
+        lane, name = unique("grp"), unique("grp-flower")
+        define(name, lane=lane, handler="demo.flaky", policy={"max_retries": 0})
+        start_worker(lane, pool="threads", concurrency=8, env={"CELERY_WORKER_SEND_TASK_EVENTS": "true"})
+        ok = [dispatch.delay(name, {"n": n}).task_id for n in range(60)]
+        bad = dispatch.delay(name, {"fail": "fatal"}).task_id
+        ids = {*ok, bad}
+
+        def seen() -> dict:
+            tasks = api(f"/api/tasks?limit=1000&taskname={name}") or {}
+            return {t: tasks[t] for t in ids if t in tasks and tasks[t].get("state") in ("SUCCESS", "FAILURE")}
+
+        wait_until(lambda: len(seen()) == len(ids), timeout=90, interval=0.5, what="every task final in Flower")
+        tasks = seen()
+        assert all(tasks[t]["name"] == name and tasks[t]["state"] == "SUCCESS" for t in ok), \
+            [tasks[t] for t in ok if tasks[t]["state"] != "SUCCESS"][:3]
+        assert tasks[bad]["state"] == "FAILURE" and tasks[bad]["name"] == name
+        assert all(tasks[t].get("runtime") is not None for t in ok)
+    finally:
+        os.killpg(flower.pid, signal.SIGTERM)
+        flower.wait(timeout=20)
+        log.close()

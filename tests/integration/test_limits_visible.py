@@ -83,7 +83,7 @@ def test_a_key_limit_is_shown_everywhere_with_bounded_labels(start_worker, rc, a
     call_command("lanes", stdout=out)
     table = out.getvalue().split("\nlimits (", 1)[1]
     line = next(x for x in table.splitlines() if x.startswith(lim.name))
-    assert re.search(rf"{lim.name}\s+key\s+\S+\s+-\s+{KEYS}\s+1\s+{KEYS * (PER_KEY - 1)}\s", line), line
+    assert re.search(rf"{lim.name}\s+key\s+\S+\s+\S+\s+-\s+{KEYS}\s+1\s+{KEYS * (PER_KEY - 1)}\s", line), line
 
     # The dashboard: the limit's row with five busiest keys, escaped.
     page = admin_client.get(reverse("dispatch-dashboard")).content.decode()
@@ -130,3 +130,30 @@ def _token() -> str:
     from django.conf import settings
 
     return settings.DISPATCH_METRICS_TOKEN
+
+
+def test_the_dashboard_shows_a_limits_current_rate_beside_it(rc, admin_client):
+    """A limit that started 12 s ago at 5/s shows 5/s now, not its 1-minute average (about 1/s then)."""
+    import time
+
+    from ops import metrics
+    from tasks import config
+
+    lim = make_limit(scope="global", rate=5, burst=5)
+    _limited_type(unique("lv-now"), [lim])
+    config.reload()  # publishes the limit's definition, as a worker's or caller's next call does
+    field = f"lim_admitted|{lim.name}"
+    rc.delete(keys.LIMIT_SAMPLES)  # only this test's sample in the window
+    now = time.time()
+    metrics.record_limit_sample(rc, now - 12.0)  # before it ran: its count is 0 (absent)
+    rc.hincrbyfloat(keys.METRICS_TOTAL, field, 60)  # 12 s at 5/s
+    rc.hincrbyfloat(keys.metrics_minute(int(now // 60)), field, 60)
+    rates = metrics.current_limit_rates(rc, now, metrics.read_totals(rc))
+    assert 4.9 <= rates[lim.name] <= 5.1, rates
+    html = admin_client.get(reverse("dispatch-dashboard-data")).json()["html"]
+    row = re.search(rf'<tr data-limit="{re.escape(lim.name)}">(.*?)</tr>', html, re.S)
+    assert row, html[-2000:]
+    shown = re.search(r'data-field="admitted_now">([^<]*)<', row[1])
+    assert shown and 4.5 <= float(shown[1]) <= 5.1, row[1]
+    terminal = {row["limit"]: row for row in metrics.limit_table_rows(metrics.snapshot())}  # manage.py lanes
+    assert 4.5 <= float(terminal[lim.name]["rate/s now"]) <= 5.1, terminal[lim.name]

@@ -49,9 +49,13 @@ def test_small_stepped_load_is_verified_clean(load_worker, tmp_path):
     for step in report["steps"]:
         _clean(step)
         assert step["e2e_ms"]["p99"] is not None and step["dispatch_ms"]["p50"] is not None
-        # Costs are measured, not assumed: admission runs one Lua call per dispatch at least.
-        assert step["redis_commands_per_task"] > 0 and step["evalsha_per_task"] >= 1
-        assert step["dispatch_round_trips_per_task"] >= 1
+        # Enqueue->start, from the sink's first attempts: after the dispatch call began, p50 <= p99.
+        assert 0 <= step["start_ms"]["p50"] <= step["start_ms"]["p99"], step["start_ms"]
+        # Costs are measured, not assumed. Admission is one Lua call per turn of the caller's Joiner
+        # (tasks.bulk): concurrent dispatches of the load generator's threads may share one, so a
+        # dispatch costs a round trip or a share of one, never nothing.
+        assert step["redis_commands_per_task"] > 0 and step["evalsha_per_task"] > 0
+        assert 0 < step["dispatch_round_trips_per_task"] <= 1.5
     assert report["sustained_rate"] in (None, 20, 40)
     assert plot.exists() and plot.stat().st_size > 1000
 

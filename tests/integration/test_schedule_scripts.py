@@ -272,13 +272,14 @@ def test_the_http_api_takes_the_same_options(rc, plain):
     assert answer.status_code == 202 and 29 <= answer.json()["estimated_delay"] <= 30, answer.content
     answer = client.post("/dispatch/bulk", {"task_type": name, "items": [{}], "countdown": 30,
                                             "retry_policy": "nope"})
-    assert answer.status_code == 200 and answer.json()["results"][0]["reason"] == "unknown_retry_policy"
+    assert answer.status_code == 403 and answer.json()["reason"] == "forbidden_retry_policy"  # not on the token
     answer = client.post("/dispatch/bulk", {"task_type": name, "items": [{}], "countdown": 30})
     assert record_of(rc, answer.json()["results"][0]["task_id"])["st"] == "scheduled"
-    for body, reason in (({"countdown": -1}, "invalid_eta"), ({"eta": "2030-01-01T00:00:00"}, "invalid_eta"),
-                         ({"retry_policy": "nope"}, "unknown_retry_policy")):
+    for body, status, reason in (({"countdown": -1}, 422, "invalid_eta"),
+                                 ({"eta": "2030-01-01T00:00:00"}, 422, "invalid_eta"),
+                                 ({"retry_policy": "nope"}, 403, "forbidden_retry_policy")):
         answer = client.post("/dispatch", {"task_type": name, "payload": {}, **body})
-        assert (answer.status_code, answer.json()["reason"]) == (422, reason), answer.content
+        assert (answer.status_code, answer.json()["reason"]) == (status, reason), answer.content
 
 
 def test_manage_dispatch_takes_the_same_options(rc, plain):

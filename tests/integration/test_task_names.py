@@ -89,3 +89,24 @@ def test_dead_letter_failure_names_type_reason_and_admin_url(shadow_worker):
     row = wait_until(lambda: TaskResult.objects.filter(task_id=result.task_id, status="FAILURE").first(),
                      timeout=20, what="the result row")
     assert type_name in row.result and url in row.result
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])  # threads: the worker runs plain tasks in groups
+def test_result_row_and_api_name_the_task_type(request, pool, start_worker):
+    """*Celery Results* in the admin and the API's ``task_name`` show the type, as Flower does."""
+    from django_celery_results.models import TaskResult
+
+    from tasks.dispatch import dispatch
+
+    lane = f"{LANE}-{pool}"
+    if pool == "prefork":
+        request.getfixturevalue("shadow_worker")
+        lane = LANE
+    else:
+        start_worker(lane, pool="threads", concurrency=4)
+    type_name = unique("partner.greet")
+    define(type_name, handler="demo.echo", lane=lane)
+    result = dispatch.delay(type_name, {"hi": 1})
+    assert result.accepted, result
+    assert result.get(timeout=60) == {"hi": 1}
+    assert TaskResult.objects.get(task_id=result.task_id).task_name == type_name

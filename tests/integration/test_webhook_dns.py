@@ -91,7 +91,7 @@ def test_the_request_goes_to_the_address_that_was_checked(sink_and_victim, dns):
     answers, lookups = dns
     answers.extend(["127.0.0.1", "127.0.0.2"])  # checked answer, then a rebinding one
     post = registry.get("http.post").func
-    with override_settings(DISPATCH_WEBHOOK_ALLOWED_HOSTS=[f"{NAME}:{port}", "127.0.0.1"]):
+    with override_settings(DISPATCH_WEBHOOK_ALLOWED_HOSTS=[f"{NAME}:{port}", f"127.0.0.1:{port}"]):
         assert post({"x": 1}, _ctx(f"http://{NAME}:{port}/hook")) == {"status": 200}
     assert lookups == ["127.0.0.1"]  # resolved once
     assert accepted == [] and len(sink.sink.attempts) == 1

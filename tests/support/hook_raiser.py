@@ -6,7 +6,7 @@ the recorder shows that the later receivers still ran.
 
 from __future__ import annotations
 
-from tasks.hooks import task_finished, task_queued, task_rejected, task_started
+from tasks.signals import task_finished, task_queued, task_rejected, task_started
 
 _SIGNALS = {"queued": task_queued, "rejected": task_rejected, "started": task_started, "finished": task_finished}
 

@@ -13,7 +13,7 @@ import os
 import time
 
 from lanes import keys
-from tasks.hooks import TaskInfo, task_finished, task_queued, task_rejected, task_started
+from tasks.signals import TaskInfo, task_finished, task_queued, task_rejected, task_started
 
 
 def events_key(type_name: str) -> str:

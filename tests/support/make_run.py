@@ -24,8 +24,8 @@ from pathlib import Path
 from tests.support.workers import ROOT
 
 #: What a copy leaves out: history, the environment, and anything a run or a tool wrote.
-SKIPPED = (".git", ".venv", "var", "test-artifacts", "staticfiles", "__pycache__", ".pytest_cache", ".ruff_cache",
-           ".mypy_cache", ".dispatch-secrets.json", ".hypothesis")
+SKIPPED = (".git", ".venv", ".venv-bare", "var", "test-artifacts", "staticfiles", "__pycache__", ".pytest_cache",
+           ".ruff_cache", ".mypy_cache", ".dispatch-secrets.json", ".hypothesis")
 #: Variables the test session sets for itself, which a ``make run`` of its own must not inherit.
 SESSION_ONLY = {"REDIS_URL", "DATABASE_URL", "DISPATCH_SECRETS_FILE", "DISPATCH_RUNTIME_FILE", "DJANGO_SETTINGS_MODULE"}
 

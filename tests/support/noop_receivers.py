@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks.hooks import task_finished, task_queued, task_rejected, task_started
+from tasks.signals import task_finished, task_queued, task_rejected, task_started
 
 _SIGNALS = (task_queued, task_rejected, task_started, task_finished)
 

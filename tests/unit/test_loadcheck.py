@@ -60,6 +60,9 @@ def test_unknown_applications_are_flagged():
 
 def test_parse_log_line():
     assert parse_log_line(b"chat-1\t3\t1700000000000\tk:1") == Applied("chat-1", 3, 1700000000000.0, "k:1")
+    # A fifth field: when the handler's first attempt began (empty on a later attempt).
+    assert parse_log_line("c\t1\t2000\tk\t1500.5") == Applied("c", 1, 2000.0, "k", 1500.5)
+    assert parse_log_line("c\t1\t2000\tk\t") == Applied("c", 1, 2000.0, "k", None)
     assert parse_log_line("nonsense") is None
     assert parse_log_line("a\tx\t1\tk") is None
 

@@ -31,6 +31,15 @@ def test_knobs_override_in_order():
 
 
 def test_readme_shows_the_banner_run_prints():
-    secrets = {"admin_password": "<generated>", "flower_password": "<generated>", "metrics_token": "<generated>"}
-    printed = run.banner(secrets, 8000, 5555).strip("\n")
+    printed = run.banner(ROOT / ".dispatch-secrets.json", 8000, 5555).strip("\n")
     assert f"```\n{printed}\n```" in (ROOT / "README.md").read_text()
+
+
+def test_the_banner_names_the_credentials_file_never_a_credential(tmp_path):
+    from dispatchsite.secrets import load_secrets
+
+    path = tmp_path / "secrets.json"
+    secrets = load_secrets(path)
+    printed = run.banner(path, 8000, 5555)
+    assert str(path) in printed
+    assert not [name for name, value in secrets.items() if value in printed]

@@ -133,8 +133,8 @@ def test_scrub_text_makes_any_text_storable():
 
 
 def test_a_payload_that_holds_itself_is_refused_not_raised():
-    """The encoder is made once without its check for cycles (tasks.validation._C_ENCODER): a cycle
-    recurses to RecursionError, which validation turns into a rejection like any value that is not JSON."""
+    """Neither encoder checks for cycles (``lanes.jsontext``): orjson stops at its depth limit, the standard
+    library's recurses to RecursionError, which validation turns into a rejection like any value that is not JSON."""
     payload: dict = {"a": 1}
     payload["self"] = payload
     with pytest.raises(Invalid) as err:

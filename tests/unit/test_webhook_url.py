@@ -93,3 +93,18 @@ def test_a_bad_allow_list_entry_is_named():
 ])
 def test_redact_url_hides_userinfo_and_query_values(url, shown):
     assert redact_url(url) == shown
+
+
+@pytest.mark.parametrize("allow, ok", [
+    (["127.0.0.1:9000", "evil.example"], False),  # names 127.0.0.1 on port 9000 only, not 443
+    (["127.0.0.1", "evil.example"], True),  # the scheme's default port: 443 for https
+    (["127.0.0.1:443", "evil.example"], True),
+    (["127.0.0.1:*", "evil.example"], True),
+])
+def test_a_named_address_is_exempt_only_on_the_port_its_entry_names(allow, ok):
+    target = parse_webhook_url("https://evil.example/", allow)
+    if ok:
+        assert pin_addresses(target, allow, resolve=_resolver("127.0.0.1")) == ["127.0.0.1"]
+    else:
+        with pytest.raises(WebhookURLError, match="non-public"):
+            pin_addresses(target, allow, resolve=_resolver("127.0.0.1"))

@@ -8,13 +8,18 @@ from tasks.output import dumps
 
 class Command(BaseCommand):
     help = ("Service tokens of the HTTP API: 'create NAME --type T [--type T ...]' prints the token once; "
-            "'revoke NAME'; 'list'.")
+            "'revoke NAME'; 'list'. [--retry-policy P ...] [--reads-broker-tasks]")
 
     def add_arguments(self, parser):
         parser.add_argument("action", choices=("create", "revoke", "list"))
         parser.add_argument("name", nargs="?")
         parser.add_argument("--type", dest="types", action="append", default=[], help="an allowed task type")
-        parser.add_argument("--rate", type=int, help="requests per second (default DISPATCH_API_RATE_PER_S)")
+        parser.add_argument("--rate", type=int, help="tasks (a bulk counts each item) and reads per second "
+                                                     "(default DISPATCH_API_RATE_PER_S)")
+        parser.add_argument("--retry-policy", dest="policies", action="append", default=[],
+                            help="a retry policy its dispatches may name (none: only the type's own)")
+        parser.add_argument("--reads-broker-tasks", action="store_true",
+                            help="also read tasks sent by name through the broker (tasks.dispatch)")
         parser.add_argument("--notes", default="")
 
     def handle(self, *args, **opts):
@@ -37,7 +42,9 @@ class Command(BaseCommand):
         if ServiceToken.objects.filter(name=name).exists():
             raise CommandError(f"a service token named {name!r} exists; revoke it or pick another name")
         try:
-            _, clear = ServiceToken.objects.issue(name, opts["types"], rate_per_s=opts["rate"], notes=opts["notes"])
+            _, clear = ServiceToken.objects.issue(name, opts["types"], rate_per_s=opts["rate"], notes=opts["notes"],
+                                                  retry_policies=opts["policies"],
+                                                  reads_broker_tasks=opts["reads_broker_tasks"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(clear)

@@ -64,6 +64,10 @@ class Command(BaseCommand):
         chats = snap["chats"]
         lines.append(f"\nchats with a backlog: {chats['active']}, longest backlog: {chats['longest']}; "
                      f"dead letters pending: {snap['dead_letters_total']}")
+        mem = snap["redis_memory"]
+        room = "unknown" if mem["room_tasks"] is None else f"{mem['room_tasks']:,} tasks"
+        lines.append(f"redis memory: {mem['used_human']} used, admission refuses at {mem['limit_human']} "
+                     f"({mem['limited_by']}); room: {room} at {mem['bytes_per_task']:.0f} bytes a task")
         rejected = snap["rejections"]["by_reason_15m"]
         if rejected:
             lines.append("rejections, last 15 min: " + ", ".join(
@@ -101,7 +105,7 @@ class Command(BaseCommand):
 
 
 def _batched_types(only: list[str] | None) -> list[dict]:
-    """Task types whose handler is batched (issue 16), with their batch settings."""
+    """Task types whose handler is batched, with their batch settings."""
     batched = [name for name in registry.handler_names() if registry.get(name).batch]
     rows = TaskType.objects.filter(handler__in=batched).select_related("lane").order_by("name")
     if only:

@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from django.core.management.base import BaseCommand, CommandError
 
-from tasks import bulk
+from lanes import records
+from lanes.redis_client import get_redis
+from tasks import bulk, owners
 from tasks.bulk_file import dispatch_lines
 from tasks.dispatch import admit
 from tasks.output import HelpFormatter, dumps
@@ -28,7 +31,8 @@ exit codes:
      with --payloads-file: some line was rejected
   2  usage error: bad option or JSON (the message names the argument)
   3  --wait: the task failed for good (dead letter; "error" names the reason)
-  4  --wait: no outcome within --wait-timeout (the task may still run)
+  4  --wait: no outcome within --wait-timeout (the task may still run; "state"
+     and "record_state" say where it was: queued, running, retry, ...)
   5  unavailable: Redis unreachable; retry with the same --idempotency-key
      (with --payloads-file: some line; retry the file, with idempotency keys)
 """
@@ -51,6 +55,7 @@ class Command(BaseCommand):
         parser.add_argument("--priority", type=int)
         parser.add_argument("--idempotency-key")
         parser.add_argument("--timeout", type=float)
+        parser.add_argument("--limit-key", help="the key of the type's key-scoped limit (e.g. a supplier's name)")
         parser.add_argument("--metadata", help="JSON object")
         parser.add_argument("--countdown", type=float, help="send later: seconds from now")
         parser.add_argument("--eta", help="send later: ISO 8601 time with an offset")
@@ -69,7 +74,9 @@ class Command(BaseCommand):
         result = admit(
             opts["task_type"], payload, chat_id=opts["chat_id"], priority=opts["priority"],
             idempotency_key=opts["idempotency_key"], timeout=opts["timeout"], metadata=metadata,
-            countdown=opts["countdown"], eta=opts["eta"], retry_policy=opts["retry_policy"],
+            limit_key=opts["limit_key"], countdown=opts["countdown"], eta=opts["eta"],
+            retry_policy=opts["retry_policy"],
+            _task_id=owners.CLI_PREFIX + str(uuid.uuid4()),  # the task remembers it came from the CLI
         )
         out = result.as_dict()
         code = EXIT_OK
@@ -81,7 +88,7 @@ class Command(BaseCommand):
                 outcome = result.get(timeout=opts["wait_timeout"], propagate=False)
             except CeleryTimeoutError as exc:
                 out["result"] = None
-                out["wait_error"] = f"TimeoutError: {exc}"
+                out["error"] = f"TimeoutError: {exc}"
                 code = EXIT_WAIT_TIMEOUT
             else:
                 if async_result.successful():
@@ -91,6 +98,8 @@ class Command(BaseCommand):
                     out["error"] = f"{type(outcome).__name__}: {outcome}"
                     code = EXIT_FAILED
             out["state"] = async_result.state
+            if code == EXIT_WAIT_TIMEOUT:
+                out.update(where_it_is(result.task_id, result.chat_id, out["state"]))
         self.stdout.write(dumps(out))
         if code:
             raise SystemExit(code)
@@ -117,10 +126,10 @@ class Command(BaseCommand):
                 self.stderr.write(summary.progress())
 
         defaults = {"chat_id": opts["chat_id"], "priority": opts["priority"], "timeout": opts["timeout"],
-                    "metadata": metadata}
+                    "metadata": metadata, "limit_key": opts["limit_key"]}
         try:
             summary = dispatch_lines(opts["task_type"], source, defaults=defaults, on_result=write_result,
-                                     on_chunk=progress)
+                                     on_chunk=progress, id_prefix=owners.CLI_PREFIX)
         except UnicodeDecodeError as exc:
             raise CommandError(f"--payloads-file {name} is not UTF-8 text: {exc}", returncode=EXIT_USAGE) from None
         finally:
@@ -133,6 +142,28 @@ class Command(BaseCommand):
             raise SystemExit(EXIT_UNAVAILABLE)
         if summary.rejected:
             raise SystemExit(EXIT_REJECTED)
+
+
+#: A live record's state (lanes: admit.lua, start.lua, retry.lua) as the Celery state it stands for.
+_RECORD_STATES = {"running": "STARTED", "queued": "PENDING", "scheduled": "PENDING", "limited": "PENDING",
+                  "retry": "RETRY"}
+
+
+def where_it_is(task_id: str, chat_id: str | None, stored: str) -> dict[str, str]:
+    """``state`` and ``record_state`` of a task --wait gave up on: a running task has no result row
+    yet, so Celery's PENDING would hide that it runs; Redis's record says where it is."""
+    if stored != "PENDING":
+        return {"state": stored}
+    try:
+        client = get_redis()
+        record = records.locate(client, task_id, chat_id)
+        raw = client.hget(record, "st") if record else None
+    except Exception:  # noqa: BLE001 - Redis gone: say what is known
+        return {"state": stored, "record_state": "unknown (Redis did not answer)"}
+    st = raw.decode() if isinstance(raw, bytes) else raw
+    if not st:
+        return {"state": stored}
+    return {"state": _RECORD_STATES.get(st, stored), "record_state": st}
 
 
 def _json_arg(name: str, text: str) -> object:

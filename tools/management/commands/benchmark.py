@@ -1,4 +1,5 @@
-"""``manage.py benchmark``: the platform side by side with plain Celery and Dramatiq (see tools/benchmark.py)."""
+"""``manage.py benchmark``: the platform side by side with plain Celery, Dramatiq, Huey and taskiq (see
+tools/benchmark.py)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from tools import benchmark
 class Command(BaseCommand):
     help = (
         "Side-by-side benchmark on this machine: dispatch-only calls/s and end-to-end tasks/s (no-op and 20 ms "
-        "I/O) of plain Celery, the platform's plain and chat-scoped types, and Dramatiq (needs "
-        "`pip install -r requirements-bench.txt`, or `make bench`). Starts its own Redis, scratch database and "
-        "workers; alternates the systems over --rounds and prints medians and ratios to plain Celery."
+        "I/O) of plain Celery, the platform's plain and chat-scoped types, and Dramatiq, Huey and taskiq at their "
+        "own defaults (needs `pip install -r requirements-bench.txt`, or `make bench`); with --workloads latency, "
+        "enqueue->start p50/p99 idle and at half the plain path's no-op capacity. Starts its own Redis, scratch "
+        "database and workers; alternates the systems over --rounds and prints medians and ratios to plain "
+        "Celery and to the fastest peer."
     )
 
     def add_arguments(self, parser):
@@ -34,7 +37,12 @@ class Command(BaseCommand):
         parser.add_argument("--io-concurrency", type=int, default=16, help="per instance, I/O workload")
         parser.add_argument("--systems", default=",".join(benchmark.SYSTEMS))
         parser.add_argument("--workloads", default=",".join(benchmark.DEFAULT_WORKLOADS),
-                            help=f"of {','.join(benchmark.WORKLOADS)} (sms only when named)")
+                            help=f"of {','.join(benchmark.WORKLOADS)} (sms and latency only when named)")
+        parser.add_argument("--latency-idle", type=int, help="latency workload: tasks sent one at a time (200)")
+        parser.add_argument("--latency-gap-ms", type=float, help="latency workload: ms after each idle send (10)")
+        parser.add_argument("--latency-load-s", type=float, help="latency workload: seconds of the loaded phase (3)")
+        parser.add_argument("--latency-rate", type=float,
+                            help="latency workload: tasks/s of the loaded phase (default: half the plain no-op rate)")
         parser.add_argument("--redis-url", help="a scratch Redis to use instead of starting one (it is FLUSHDB'd)")
         parser.add_argument("--profile", metavar="DIR", help="py-spy record producer and workers in round 1")
         parser.add_argument("--json", action="store_true")
@@ -63,6 +71,14 @@ class Command(BaseCommand):
         for key, value in fields.items():
             if value is not None:
                 setattr(base, key, max(1, value))
+        for key, value, low in (("latency_idle_n", opts["latency_idle"], 1),
+                                ("latency_gap_ms", opts["latency_gap_ms"], 0.0),
+                                ("latency_load_s", opts["latency_load_s"], 0.01),
+                                ("latency_rate", opts["latency_rate"], 0.01)):
+            if value is not None:
+                if value < low:
+                    raise CommandError(f"--{key.replace('_n', '').replace('_', '-')} must be at least {low}")
+                setattr(base, key, value)
         base.chats, base.io_ms = max(1, opts["chats"]), opts["io_ms"]
         base.instances, base.pool, base.concurrency = max(1, opts["instances"]), opts["pool"], opts["concurrency"]
         base.io_pool, base.io_concurrency = opts["io_pool"], opts["io_concurrency"]
@@ -76,12 +92,20 @@ class Command(BaseCommand):
         if opts["json"]:
             self.stdout.write(dumps(report.as_dict()))
             return
-        self.stdout.write(table(benchmark.table_rows(report), benchmark.TABLE_COLUMNS))
+        main = benchmark.table_rows(report)
+        if main or not benchmark.latency_table_rows(report):
+            self.stdout.write(table(main, benchmark.TABLE_COLUMNS))
         for line in benchmark.command_breakdown(report):
             self.stdout.write(line)
+        latency = benchmark.latency_table_rows(report)
+        if latency:
+            self.stdout.write("\nenqueue->start (ms; n = starts recorded/tasks sent):")
+            self.stdout.write(table(latency, benchmark.LATENCY_COLUMNS))
         m = report.machine
         self.stdout.write(
             f"{m.get('cpus')} CPUs ({m.get('cpu')}), Python {m.get('python')}, Redis {m.get('redis_server')}, "
-            f"celery {m.get('celery')}, dramatiq {m.get('dramatiq') or 'not installed'}; "
+            f"celery {m.get('celery')}, dramatiq {m.get('dramatiq') or 'not installed'}, "
+            f"huey {m.get('huey') or 'not installed'}, taskiq {m.get('taskiq') or 'not installed'} "
+            f"(taskiq-redis {m.get('taskiq-redis') or 'not installed'}); "
             f"{base.rounds} round(s), {report.seconds}s"
         )

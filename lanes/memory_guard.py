@@ -1,0 +1,94 @@
+"""Admission's memory guard: refuse new work before Redis reaches its ``maxmemory``.
+
+With ``maxmemory`` and ``noeviction`` a full Redis refuses every write, a lease
+renewal or a finish as much as a new task: a flood would end with accepted
+tasks unable to finish. So admission refuses first, past ``DISPATCH_MEMORY_HIGH``
+(a share of ``maxmemory``, 0.9 by default), and the rest stays for what accepted
+tasks still write.
+
+Cost on the dispatch path: no Redis command per task. Each process reads
+``INFO memory`` once per ``DISPATCH_MEMORY_CHECK_S`` (1 s) and in between
+adds what it admitted itself at the measured bytes per task
+(``lanes.capacity``), reading again after each ``STEP_SHARE`` (1 %) of
+``maxmemory`` it admitted by that estimate (a task larger than the estimate's
+overshoots by that much at most); within ``NEAR_SHARE`` of the limit, every call
+reads ``INFO`` (one command a dispatch, only near the limit).
+Other processes' admissions are seen at the next read, so a flood from P
+processes overshoots by at most P - 1 processes' second of dispatch: the
+margin is sized for that. Without ``maxmemory`` (0) nothing is refused.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+
+from lanes import capacity
+from lanes.redis_client import get_redis
+
+
+@dataclass
+class _Reading:
+    at: float = float("-inf")  # monotonic time of the last INFO
+    used: int = 0  # used_memory then, plus what this process admitted since
+    read: int = 0  # used_memory then
+    maxmemory: int = 0
+
+
+#: Within this share of ``maxmemory`` below the limit, every check reads ``INFO memory`` (one command a call).
+NEAR_SHARE = 0.05
+#: ``INFO memory`` is read again once this process admitted this share of ``maxmemory`` by its estimate.
+STEP_SHARE = 0.01
+
+_reading = _Reading()
+_lock = threading.Lock()
+
+
+def _read(now: float) -> None:
+    info = get_redis().info("memory")
+    _reading.at, _reading.maxmemory = now, int(info.get("maxmemory", 0))
+    _reading.used = _reading.read = int(info["used_memory"])
+
+
+def refusal(items: int = 1, now: float | None = None) -> str | None:
+    """Why ``items`` more tasks must be refused now (the detail of ``redis_memory_high``), or None.
+
+    A Redis error here admits (the admission call that follows meets the same
+    Redis and answers ``unavailable`` if it is away).
+    """
+    now = time.monotonic() if now is None else now
+    high = settings.DISPATCH_MEMORY_HIGH
+    with _lock:
+        try:
+            if now - _reading.at >= settings.DISPATCH_MEMORY_CHECK_S:
+                _read(now)
+            limit = capacity.memory_limit(_reading.maxmemory, high)
+            if limit is None:
+                return None
+            estimate = _reading.used + items * capacity.PATHS["plain"].bytes_waiting
+            near = estimate >= limit - NEAR_SHARE * _reading.maxmemory
+            if (near or estimate - _reading.read >= STEP_SHARE * _reading.maxmemory) and _reading.at != now:
+                # A task may be larger than the estimate's and other processes admit too: what Redis
+                # holds, after each STEP_SHARE of maxmemory this process admitted, and near the limit each call.
+                _read(now)
+                limit = capacity.memory_limit(_reading.maxmemory, high)
+                if limit is None:
+                    return None
+                estimate = _reading.used + items * capacity.PATHS["plain"].bytes_waiting
+        except redis.RedisError:
+            return None
+        if estimate < limit:
+            _reading.used = int(estimate)
+            return None
+        return (f"Redis memory is high: {_reading.used} bytes used of maxmemory {_reading.maxmemory} "
+                f"(new work is refused past {high:.0%}, so that accepted tasks can still finish); retry later")
+
+
+def forget() -> None:
+    """Drop the cached reading (tests; a process that changed ``maxmemory``)."""
+    with _lock:
+        _reading.at, _reading.used, _reading.read, _reading.maxmemory = float("-inf"), 0, 0, 0

@@ -1,0 +1,44 @@
+"""``TaskType.store_result``: which outcomes get a result row; ``DispatchResult.get`` works in every mode.
+
+Real thread workers (the grouped path, tasks.grouping) and a prefork one (Celery's own request path,
+the result backend): the rows a type keeps, counted, and the outcome each caller waits for.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django_celery_results.models import TaskResult
+
+from lanes import keys
+from tasks.dispatch import dispatch
+from tasks.errors import DeadLettered
+from tests.support.helpers import define, unique, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+@pytest.mark.parametrize("mode", ["always", "failures", "never"])
+def test_a_type_keeps_the_rows_it_asks_for_and_get_works_in_every_mode(start_worker, rc, pool, mode):
+    lane, name = unique("sr"), unique(f"sr-{mode}")
+    define(name, lane=lane, handler="demo.flaky", store_result=mode, policy={"max_retries": 0})
+    start_worker(lane, pool=pool, concurrency=2)
+    ok = [dispatch.delay(name, {"n": n}) for n in range(5)]
+    bad = dispatch.delay(name, {"fail": "fatal"})
+    assert [r.get(timeout=60) for r in ok] == [{"n": n} for n in range(5)]
+    with pytest.raises(DeadLettered):
+        bad.get(timeout=60)
+    ids = [r.task_id for r in ok]
+    if mode == "always":
+        wait_until(lambda: TaskResult.objects.filter(task_id__in=ids, status="SUCCESS").count() == 5, timeout=10,
+                   what="a row for every success")
+    if mode in ("always", "failures"):
+        wait_until(lambda: TaskResult.objects.filter(task_id=bad.task_id, status="FAILURE").exists(), timeout=10,
+                   what="the failure's row")
+    # Every record settled (a task whose outcome keeps no row is settled without one).
+    records = [keys.task_record(t) for t in [*ids, bad.task_id]]
+    wait_until(lambda: rc.exists(*records) == 0, timeout=20, what="every record settled")
+    if mode != "always":
+        assert not TaskResult.objects.filter(task_id__in=ids).exists()
+    if mode == "never":
+        assert not TaskResult.objects.filter(task_id=bad.task_id).exists()
