@@ -154,7 +154,7 @@ class FaultCluster:
                 c = self.client()
                 state = redis_state(c, self.checked)
                 c.save()
-                notes.append("redis/dump.rdb written by SAVE at the failure; redis/appendonly.aof is the AOF")
+                notes.append("redis/dump.rdb written by SAVE at the failure; redis/appendonly* is the AOF")
             except redis.RedisError as exc:
                 notes.append(f"Redis did not answer at the failure ({exc!r}): only its files are kept")
         else:

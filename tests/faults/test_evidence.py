@@ -57,7 +57,8 @@ def test_a_stuck_scenario_keeps_redis_data_logs_and_the_chat_timeline(cluster_fa
         copy = tmp_path / source
         shutil.copytree(folder / "redis", copy)
         if source == "rdb":
-            (copy / "appendonly.aof").unlink()
+            for aof in [*copy.glob("appendonly*")]:  # a file (Redis 6) or a folder (Redis 7)
+                shutil.rmtree(aof) if aof.is_dir() else aof.unlink()
         server = RedisServer(copy, cluster.redis.password, appendonly=source == "aof").start()
         try:
             c = server.client()
