@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-fast faults lint bench clean
+.PHONY: run test test-fast faults soak lint bench clean
 
 $(STAMP): requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,11 @@ test-fast: $(STAMP)
 
 faults: $(STAMP)
 	@FAULTS_LONG=1 $(BIN)/python -m pytest tests/faults $(PYTEST_ARGS)
+
+# Scenarios 4, 10 and S1 and the liveness ones, SOAK_RUNS times (default 5), two campaigns at once;
+# prints the stuck chats of each run (scripts/soak.py). Long: about 4 minutes a run.
+soak: $(STAMP)
+	@$(BIN)/python scripts/soak.py
 
 # Side-by-side benchmark (installs the bench-only requirements: dramatiq, huey, taskiq, py-spy).
 bench: $(STAMP)

@@ -19,6 +19,8 @@ METRICS_TOTAL = PREFIX + "m:total"
 REJECTIONS_RECENT = PREFIX + "m:rejections"
 LANE_CONTROL_LOG = PREFIX + "lane-log"
 CHAT_AUDIT_CURSOR = PREFIX + "chat-audit-cursor"
+#: Where the audit's walk of parked leases (``+inf``: queued records the sweep left waiting) goes on from.
+PARKED_AUDIT_CURSOR = PREFIX + "parked-audit-cursor"
 #: Prefix of every per-chat key (chat queues and chat-scoped task records).
 CHAT_PREFIX = PREFIX + "chat:"
 

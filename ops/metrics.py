@@ -549,6 +549,7 @@ def snapshot(client: Redis | None = None, now: float | None = None,
         "dead_letters_total": sum(dead.values()),
         "redis_memory": read_memory(client, sum(g.waiting for g in gauges.values()), settings.DISPATCH_MEMORY_HIGH),
         "stuck_threads": stuck_threads(lane_consumers.read_workers(client, now)),
+        "chats_repaired": chats_repaired(all_time),
     }
 
 
@@ -556,6 +557,13 @@ def stuck_threads(beats: list[lane_consumers.Heartbeat]) -> dict[str, Any]:
     """Threads still busy in a handler past its attempt's limit, per worker that has any (its lost capacity)."""
     by_worker = {b.hostname: b.stuck for b in sorted(beats, key=lambda b: b.hostname) if b.stuck}
     return {"total": sum(by_worker.values()), "by_worker": by_worker}
+
+
+def chats_repaired(totals: Counters) -> list[dict[str, Any]]:
+    """Chats the audit had to move on, by lane and cause, most first: each one is a bug to look into."""
+    rows = [{"lane": key[1], "cause": key[2], "count": int(n)} for key, n in totals.items()
+            if key[0] == "chats_repaired" and len(key) == 3]
+    return sorted(rows, key=lambda r: (-r["count"], r["lane"], r["cause"]))
 
 
 def table_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:

@@ -49,6 +49,10 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
     unwritten = CounterMetricFamily(
         "dispatch_dead_letter_write_failures", "Dead tasks whose dead-letter row could not be written at all "
         "(the task still ended; see the worker log's dead_letter_lost).", labels=["lane", "type"])
+    repaired = CounterMetricFamily(
+        "dispatch_chats_repaired", "Chat heads (and tasks of no chat) that could not move by themselves, moved on "
+        "by the audit, by cause (each one is a bug report: the lane's event log says which task).",
+        labels=["lane", "cause"])
     hist_counts: dict[tuple[str, str, str], dict[str, float]] = {}
     hist_sums: dict[tuple[str, str, str], float] = {}
     for key, value in sorted(totals.items()):
@@ -61,6 +65,8 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
             retries.add_metric(list(key[1:]), value)
         elif kind == "completed" and len(key) == 2:
             completed.add_metric([key[1]], value)
+        elif kind == "chats_repaired" and len(key) == 3:
+            repaired.add_metric(list(key[1:]), value)
         elif kind == DEAD_LETTER_WRITE_FAILURES and len(key) == 3:
             unwritten.add_metric(list(key[1:]), value)
         elif kind in ("qlat", "xlat") and len(key) == 4:
@@ -117,7 +123,7 @@ def families(totals: Counters, gauges: dict[str, LaneGauges], lanes: dict[str, d
     active = GaugeMetricFamily("dispatch_active_chats", "Chats with a backlog.", value=chats.get("active", 0))
     longest = GaugeMetricFamily("dispatch_chat_backlog_max", "The longest chat backlog.",
                                 value=chats.get("longest", 0))
-    return [tasks, rejected, dead, retries, completed, unwritten, qlat, xlat, depth, scheduled, chat_waiting,
+    return [tasks, rejected, dead, retries, completed, unwritten, repaired, qlat, xlat, depth, scheduled, chat_waiting,
             in_flight, limited, capacity, accepting, paused, consumers, pending_dead, active, longest,
             *maintenance_families(maintenance or {}), *limit_families(totals, limits or [])]
 

@@ -24,7 +24,7 @@ from celery import bootsteps, current_app, shared_task, states
 from django.conf import settings
 
 from lanes import metrics
-from lanes.lua.audit import Audited
+from lanes.lua.audit import Repair
 from lanes.lua.audit import audit as lua_audit
 from lanes.lua.expire import expire as lua_expire
 from lanes.lua.forget import forget_expired_pending
@@ -33,6 +33,7 @@ from lanes.lua.limits_due import drain_due
 from lanes.lua.promote import promote
 from lanes.lua.reclaim import reclaim
 from lanes.lua.sweep import sweep as lua_sweep
+from lanes.models import LaneEvent
 from lanes.redis_client import get_redis
 from tasks import config, dead_letters
 from tasks import signals as lifecycle
@@ -112,13 +113,52 @@ def reclaim_dead() -> int:
     return done.republished
 
 
-def audit_chats(batch: int = 200) -> Audited:
-    """Check a batch of active chats for a head that cannot move; see audit.lua."""
-    result = lua_audit(now_ms=int(time.time() * 1000), batch=batch,
-                       queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
-    if result.heads_handed_over or result.heads_republished or result.index_entries_dropped:
-        logger.warning("chat_audit_repaired checked=%d handed_over=%d republished=%d dropped=%d", *result)
-    return result
+def audit_chats(batch: int = 200, now_ms: int | None = None) -> list[int]:
+    """Check a batch of active chats for a head that cannot move, and a batch of parked leases for a
+    task whose copy was lost unclaimed, and repair them; see audit.lua.
+
+    A task may be held for its type's attempt limit plus the lease before an owner that
+    cannot move it (dead, unknown, no longer holding it; or a copy lost unclaimed)
+    counts as stuck. Every repair is a bug somewhere else: it is logged, counted
+    (``dispatch_chats_repaired_total``) and written to the lane's event log.
+    """
+    lease_ms = int(settings.DISPATCH_LEASE_S * 1000)
+    held = {name: int(tc.attempt_timeout_s * 1000) + lease_ms for name, tc in config.current().types.items()}
+    result = lua_audit(now_ms=int(time.time() * 1000) if now_ms is None else now_ms, batch=batch,
+                       queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000), held_ms=held,
+                       held_default_ms=max(held.values(), default=lease_ms))
+    counts = [result.checked, result.handed_over, result.republished, result.dropped]
+    if any(counts[1:]):
+        logger.warning("chat_audit_repaired checked=%d handed_over=%d republished=%d dropped=%d", *counts)
+    for repair in result.repairs:
+        logger.error("task_repaired lane=%s chat=%r task=%s cause=%s", *repair)
+    if result.repairs:
+        _log_repairs(result.repairs)
+    return counts
+
+
+def _log_repairs(repairs: list[Repair]) -> None:
+    """Each repair in its lane's event log (the dashboard's "Lane events"); never raises."""
+    try:
+        LaneEvent.objects.bulk_create([
+            LaneEvent(lane=r.lane[:64], action="chat_repaired", actor="audit",
+                      detail=(f"chat {r.chat!r}: head " if r.chat else "task ")
+                      + f"{r.task_id} moved on ({r.cause}: {REPAIR_CAUSES.get(r.cause)})")
+            for r in repairs])
+    except Exception:  # the repair is done; a note that could not be written never stops maintenance
+        logger.warning("chat_repair_event_failed repairs=%d", len(repairs), exc_info=True)
+
+
+#: What each repair cause means, for the event log.
+REPAIR_CAUSES = {
+    "vanished": "its record was gone",
+    "cancelled": "it was cancelled but still the head",
+    "no_lease": "it had no lease",
+    "lost_copy": "queued, its copy taken by a worker and lost unclaimed",
+    "owner_dead": "its owner's process is dead",
+    "owner_gone": "its owner's process is unknown",
+    "not_running": "its owner no longer holds it",
+}
 
 
 #: What an expired waiting task's result says (``DispatchResult.get()`` raises it as DeadLettered).

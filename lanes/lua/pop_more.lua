@@ -22,8 +22,29 @@
 -- wakes (chain wake).
 --
 -- The record is read from the message as lanes/messages.py writes it (compact
--- JSON; not decoded: the delivery tag placeholder is a NUL that cjson refuses).
+-- JSON; the message not decoded whole: the delivery tag placeholder is a NUL that
+-- cjson refuses; only the record's own string is, when it holds an escape).
 -- Returns message, record named ('' for none), message, record, ...
+
+-- The record key as a JSON string: a plain one read as it is, one holding an escape
+-- (a chat id with '"' or '\') up to its first unescaped quote and decoded by cjson.
+local function record_of(item)
+  local plain = string.match(item, '"dispatch_record":"([^"\\]*)"')
+  if plain then return plain end
+  local _, open = string.find(item, '"dispatch_record":"', 1, true)
+  if not open then return '' end
+  local close = open
+  repeat
+    close = string.find(item, '"', close + 1, true)
+    if not close then return '' end
+    local slashes = 0
+    while string.byte(item, close - 1 - slashes) == 92 do slashes = slashes + 1 end
+  until slashes % 2 == 0
+  local ok, record = pcall(cjson.decode, string.sub(item, open, close))
+  if ok and type(record) == 'string' then return record end
+  return ''
+end
+
 local want = tonumber(ARGV[1])
 local lists = #KEYS - 3
 local bits = tonumber(ARGV[4]) or bit.lshift(1, lists) - 1
@@ -45,9 +66,7 @@ for p = 0, lists - 1 do
         for _, item in ipairs(got) do
           n = n + 1
           local record = ''
-          if string.find(item, '"dispatch_leased":true', 1, true) then
-            record = string.match(item, '"dispatch_record":"([^"\\]+)"') or ''
-          end
+          if string.find(item, '"dispatch_leased":true', 1, true) then record = record_of(item) end
           if record ~= '' then records[#records + 1] = record end
           out[#out + 1] = item
           out[#out + 1] = record

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -17,12 +18,35 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.faults)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A scenario that failed keeps its evidence while its Redis still runs (before the teardown), and
+    its failure message names the folder."""
+    outcome = yield
+    rep = outcome.get_result()
+    clusters = getattr(item, "fault_clusters", None)
+    if rep.when != "call" or not rep.failed or not clusters:
+        return
+    kept = []
+    for cluster in clusters:
+        try:
+            kept.append(str(cluster.keep_evidence(item.name)))
+        except Exception as exc:  # noqa: BLE001 - the failure itself must still be reported
+            kept.append(f"(evidence of {cluster.dir.name} not kept: {exc!r})")
+    text = "evidence kept in: " + ", ".join(kept) + " (CI keeps test-artifacts/ as the run's output)"
+    if hasattr(rep.longrepr, "addsection"):
+        rep.longrepr.addsection("fault evidence", text)
+    else:
+        rep.sections.append(("fault evidence", text))
+
+
 @pytest.fixture
-def cluster_factory(tmp_root):
+def cluster_factory(tmp_root, request):
     """Start ``FaultCluster``s (own Redis each); all are closed when the test ends."""
     from tests.support.http_sink import SinkServer
 
     made: list[FaultCluster] = []
+    request.node.fault_clusters = made
     sinks: list[SinkServer] = []
 
     def make(**kwargs) -> FaultCluster:
@@ -58,5 +82,6 @@ report.RESULTS.unlink(missing_ok=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if LONG and report.RESULTS.exists():
+    # A soak (``FAULTS_NO_REPORT=1``) repeats a few scenarios: its rows are not the campaign's table.
+    if LONG and report.RESULTS.exists() and not os.environ.get("FAULTS_NO_REPORT"):
         report.write_faults_md()

@@ -4,7 +4,11 @@ A ``FaultCluster`` owns a redis-server of its own (own port, own AOF folder, so
 it can be killed, paused and restarted without touching the session's), the
 workers pointed at it through ``REDIS_URL``, and the load generator
 subprocesses. ``close()`` stops everything it started, by PID or by the process
-group it created, and copies logs to ``test-artifacts/``.
+group it created, and copies logs to ``test-artifacts/``. A scenario that failed
+keeps its evidence first (``keep_evidence``, called by tests/faults/conftest.py
+before the teardown): its Redis data, every log and the checker's per-chat
+timeline, in ``test-artifacts/evidence/<test>-<cluster>/``, a folder the failure
+message names (CI keeps ``test-artifacts/`` as the run's output).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from tools.loadcheck import Delivery, Op, Report, check
 
 LONG = os.environ.get("FAULTS_LONG") == "1"
 ARTIFACTS = ROOT / "test-artifacts"
+#: Where a failed scenario's evidence goes (one folder per cluster of the test).
+EVIDENCE = ARTIFACTS / "evidence"
 
 
 def long_only(why: str):
@@ -109,6 +115,8 @@ class FaultCluster:
         self.loads: list[LoadRun] = []
         self.types: list[str] = []
         self.paused = False
+        #: What the last ``drain_and_check`` saw (ops, deliveries, dead letters, dispatch times, report).
+        self.checked: dict | None = None
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> FaultCluster:
@@ -129,6 +137,50 @@ class FaultCluster:
                     self.dir / "redis" / "redis.log"]:
             if log.exists():
                 shutil.copy(log, ARTIFACTS / f"{self.dir.name}-{log.name}")
+
+    def keep_evidence(self, test_name: str) -> Path:
+        """Copy what a failed scenario leaves, before its Redis and processes go: the Redis data
+        (an RDB written by SAVE beside the AOF, either of which ``redis-server --dir`` loads), the
+        workers' and load generators' logs and histories, the checker's per-chat timeline and the
+        Redis state of every chat still holding something. Returns the folder."""
+        folder = EVIDENCE / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', test_name)}-{self.dir.name}"
+        folder.mkdir(parents=True, exist_ok=True)
+        notes = []
+        if self.paused:
+            self.redis_resume()
+        state: dict = {}
+        if self.redis.proc is not None and self.redis.proc.poll() is None:
+            try:
+                c = self.client()
+                state = redis_state(c, self.checked)
+                c.save()
+                notes.append("redis/dump.rdb written by SAVE at the failure; redis/appendonly* is the AOF")
+            except redis.RedisError as exc:
+                notes.append(f"Redis did not answer at the failure ({exc!r}): only its files are kept")
+        else:
+            notes.append("Redis was not running at the failure: its AOF as it was left")
+        data = self.redis.data_dir
+        if data.exists():
+            shutil.copytree(data, folder / "redis", dirs_exist_ok=True)
+        logs = folder / "logs"
+        logs.mkdir(exist_ok=True)
+        for path in [*(w.log_path for w in self.workers), *(p for ld in self.loads
+                                                           for p in (ld.log_path, ld.history_path, ld.spec_path))]:
+            if path.exists():
+                shutil.copy(path, logs / path.name)
+        if self.checked is not None:
+            (folder / "timeline.json").write_text(json.dumps(chat_timeline(self.checked), indent=1, default=str))
+            (folder / "report.json").write_text(json.dumps(self.checked["report"].as_dict(), indent=1, default=str))
+        else:
+            notes.append("the scenario failed before its drain and check: no timeline")
+        (folder / "redis-state.json").write_text(json.dumps(state, indent=1, default=str))
+        (folder / "README.txt").write_text("\n".join([
+            f"Evidence of the failed fault scenario {test_name} (cluster {self.dir.name}).", *notes,
+            "Load it: redis-server --port 6399 --dir redis --appendonly yes (the AOF), or",
+            "--appendonly no (dump.rdb); the data holds no password: give it one with --requirepass.",
+            "timeline.json: per chat, each accepted message in order (dispatched at, deliveries, dead reason,",
+            "held in Redis); redis-state.json: the records, chat queues, leases and in-hand sets found.", ""]))
+        return folder
 
     def dump_stacks(self) -> None:
         """Every live worker process writes its threads' stacks to its log (SIGUSR2), for the report."""
@@ -269,7 +321,7 @@ def deliveries(sink, run_prefixes: list[str]) -> list[Delivery]:
 
 
 def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, drain_bound: float,
-                    lanes: list[str], settle: float = 2.0) -> Report:
+                    lanes: list[str], settle: float = 2.0, residue_wait: float = 20.0) -> Report:
     """Wait until every accepted message is applied or dead (within ``drain_bound`` s of the load's
     end), let late redeliveries show for ``settle`` s, then run the checker."""
     sink = cluster.sink.sink
@@ -298,15 +350,75 @@ def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: st
             cluster.dump_stacks()
             break
         time.sleep(0.5)
-    residue_deadline = time.time() + 20
+    residue_deadline = time.time() + residue_wait
     while cluster.residue(lanes) and time.time() < residue_deadline:
         time.sleep(0.5)
     time.sleep(settle)
     dead = dead_letters(cluster.types)
-    report = check(ops, deliveries(sink, runs), dead, scenario=scenario, held=cluster.held(ops))
+    seen = deliveries(sink, runs)
+    report = check(ops, seen, dead, scenario=scenario, held=cluster.held(ops))
     report.drain_s = drain_s
+    cluster.checked = {"ops": ops, "deliveries": seen, "dead": dead, "report": report,
+                       "dispatched_at": {k: t for load in loads for k, t in load.dispatched_at().items()}}
+    repaired = {k.decode().split("|", 1)[1]: int(v) for k, v in cluster.client().hgetall(keys.METRICS_TOTAL).items()
+                if k.startswith(b"chats_repaired|")}
+    if repaired:  # the chat audit moved a stuck chat on: a defect somewhere else, even when nothing was stuck
+        report.extra["chats_repaired"] = repaired
     residue = cluster.residue(lanes)
     if residue:
         report.notes.append(f"left in Redis after the drain: {residue}")
         report.extra["residue"] = residue
     return report
+
+
+def chat_timeline(checked: dict) -> dict:
+    """The checker's view per chat: each accepted (or unknown) message in sequence with when it was
+    dispatched, its deliveries and its end; chats with a message neither applied nor dead come first."""
+    report, dead, at = checked["report"], checked["dead"], checked["dispatched_at"]
+    by_key: dict[str, list[Delivery]] = {}
+    for d in checked["deliveries"]:
+        by_key.setdefault(d.key, []).append(d)
+    chats: dict[str, list[dict]] = {}
+    for op in sorted(checked["ops"], key=lambda o: (o.chat, o.seq)):
+        if op.accepted is False:
+            continue
+        ds = sorted(by_key.get(op.key, []), key=lambda d: d.started)
+        applied = any(200 <= d.status < 300 for d in ds)
+        chats.setdefault(op.chat, []).append({
+            "seq": op.seq, "key": op.key, "task_id": op.task_id, "accepted": op.accepted, "kind": op.kind,
+            "dispatched_at": at.get(op.key), "dead": dead.get(op.task_id),
+            "end": "applied" if applied else f"dead:{dead[op.task_id]}" if op.task_id in dead else "none",
+            "deliveries": [{"task_id": d.task_id, "started": round(d.started, 3), "ended": round(d.ended, 3),
+                            "status": d.status} for d in ds]})
+    unfinished = sorted(chat for chat, msgs in chats.items() if any(m["end"] == "none" and m["accepted"]
+                                                                  for m in msgs))
+    ordered = unfinished + sorted(set(chats) - set(unfinished))
+    return {"summary": report.summary(), "unfinished_chats": unfinished,
+            "chats": {chat: chats[chat] for chat in ordered}}
+
+
+def redis_state(c: redis.Redis, checked: dict | None, most: int = 50) -> dict:
+    """What Redis holds for the chats of unfinished messages (or every chat's queue when nothing was
+    checked yet): each chat queue and its records, their leases, the processes and their in-hand sets."""
+    chats: set[str] = set()
+    if checked is not None:
+        timeline = chat_timeline(checked)
+        chats.update(timeline["unfinished_chats"])
+    else:
+        for key in c.scan_iter(keys.PREFIX + "chat:{*}:q", count=1000):
+            chats.add(key.decode().split("{", 1)[1].rsplit("}", 1)[0])
+    out: dict = {"chats": {}, "leases": {}, "procs": {}, "in_hand": {}}
+    for chat in sorted(chats)[:most]:
+        queue = [t.decode() for t in c.lrange(keys.chat_queue(chat), 0, -1)]
+        records = {}
+        for task_id in queue[:most]:
+            record = keys.task_record(task_id, chat)
+            fields = {k.decode(): v.decode(errors="replace") for k, v in c.hgetall(record).items() if k != b"msg"}
+            records[task_id] = {**fields, "lease_until_ms": c.zscore(keys.LEASES, record)}
+        out["chats"][chat] = {"queue": queue, "records": records}
+    out["leases"] = {k.decode(): v for k, v in c.zrange(keys.LEASES, 0, 200, withscores=True)}
+    out["procs"] = {k.decode(): v for k, v in c.zrange(keys.PROCS, 0, -1, withscores=True)}
+    for proc in list(out["procs"])[:most]:
+        out["in_hand"][proc] = sorted(m.decode() for m in c.smembers(keys.process_in_hand(proc)))
+    out["time_ms"] = int(c.time()[0]) * 1000
+    return out

@@ -8,12 +8,15 @@ kept as written.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
+from pathlib import Path
 
 from tests.support.workers import ROOT
 
-RESULTS = ROOT / "test-artifacts" / "faults-results.jsonl"
+#: This run's rows (``FAULTS_RESULTS`` names another file: ``make soak`` runs two campaigns at once).
+RESULTS = Path(os.environ.get("FAULTS_RESULTS") or ROOT / "test-artifacts" / "faults-results.jsonl")
 FAULTS_MD = ROOT / "FAULTS.md"
 START, END = "<!-- faults-table:start -->", "<!-- faults-table:end -->"
 

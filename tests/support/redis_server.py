@@ -20,12 +20,14 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, data_dir: Path, password: str, port: int | None = None, appendfsync: str = "always") -> None:
+    def __init__(self, data_dir: Path, password: str, port: int | None = None, appendfsync: str = "always",
+                 appendonly: bool = True) -> None:
         self.data_dir = data_dir
         self.password = password
         self.port = port or free_port()
         self.port_chosen_here = port is None
         self.appendfsync = appendfsync
+        self.appendonly = appendonly  # False: start from the folder's dump.rdb (a kept scenario's evidence)
         self.proc: subprocess.Popen | None = None
         self.started_once = False
 
@@ -45,7 +47,8 @@ class RedisServer:
         for attempt in range(6):
             args = [
                 server_path(), "--port", str(self.port), "--bind", "127.0.0.1", "--requirepass", self.password,
-                "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", self.appendfsync,
+                "--dir", str(self.data_dir), "--appendonly", "yes" if self.appendonly else "no",
+                "--appendfsync", self.appendfsync,
                 "--save", "", "--daemonize", "no", "--loglevel", "warning",
                 *(arg for name, value in REDIS_CONFIG.items() for arg in (f"--{name}", value)),
             ]
