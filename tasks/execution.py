@@ -14,6 +14,7 @@ run again, because Redis stalled for a moment after it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import signal
@@ -213,14 +214,18 @@ class Attempt:
         qlat = now - env.ready_at  # a task sent for later is waited for from its due time
         for _ in range(2):
             try:
-                reply = lua_start(
+                # Sent again while Redis does not answer (the claim may have run): a second run by the same
+                # owner answers 'run' again. Given up on, the task failed and was acked with its message
+                # popped and unclaimed: a head no process held, until the audit found it (FAULTS.md, 14).
+                reply = until_answered(functools.partial(
+                    lua_start,
                     task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner,
                     now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
                     max_deliveries=settings.DISPATCH_MAX_DELIVERIES, dead_owner=dead_owner, metric_field=self.field,
                     queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
                     process=leases.process_id(),
                     liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000),
-                )
+                ), "claim", self.task_id)
             except ReplicaAcksMissing as exc:
                 # Claimed on a master whose replicas lag: a failover now could forget
                 # the task and its caller send it again. Not run; the claim's lease
