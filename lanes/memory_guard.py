@@ -37,6 +37,7 @@ class _Reading:
     used: int = 0  # used_memory then, plus what this process admitted since
     read: int = 0  # used_memory then
     maxmemory: int = 0
+    busy: bool = False  # a thread is reading INFO now
 
 
 #: Within this share of ``maxmemory`` below the limit, every check reads ``INFO memory`` (one command a call).
@@ -48,10 +49,36 @@ _reading = _Reading()
 _lock = threading.Lock()
 
 
-def _read(now: float) -> None:
-    info = get_redis().info("memory")
-    _reading.at, _reading.maxmemory = now, int(info.get("maxmemory", 0))
-    _reading.used = _reading.read = int(info["used_memory"])
+def _refresh(now: float) -> None:
+    """Read ``INFO memory`` unless another thread is reading it now; never holds the lock while Redis answers.
+
+    A stalled Redis makes the read wait for its timeout: the other dispatching threads keep the reading
+    they have instead of queueing behind it (each waiting its own timeout, one after another), and a
+    failed read counts as a reading for ``DISPATCH_MEMORY_CHECK_S`` (the admission call that follows meets
+    the same Redis and answers ``unavailable`` if it is away).
+    """
+    with _lock:
+        if _reading.busy:
+            return
+        _reading.busy = True
+    info = None
+    try:
+        info = get_redis().info("memory")
+    except redis.RedisError:
+        pass
+    finally:
+        with _lock:
+            _reading.busy = False
+            _reading.at = max(_reading.at, now)
+            if info is not None:
+                _reading.maxmemory = int(info.get("maxmemory", 0))
+                _reading.used = _reading.read = int(info["used_memory"])
+
+
+def _estimate(items: int, high: float) -> tuple[int | None, float]:
+    """(the limit, or None for none; what Redis would hold with ``items`` more), from the reading (under the lock)."""
+    limit = capacity.memory_limit(_reading.maxmemory, high)
+    return limit, _reading.used + items * capacity.PATHS["plain"].bytes_waiting
 
 
 def refusal(items: int = 1, now: float | None = None) -> str | None:
@@ -62,24 +89,21 @@ def refusal(items: int = 1, now: float | None = None) -> str | None:
     """
     now = time.monotonic() if now is None else now
     high = settings.DISPATCH_MEMORY_HIGH
+    if now - _reading.at >= settings.DISPATCH_MEMORY_CHECK_S:
+        _refresh(now)
     with _lock:
-        try:
-            if now - _reading.at >= settings.DISPATCH_MEMORY_CHECK_S:
-                _read(now)
-            limit = capacity.memory_limit(_reading.maxmemory, high)
-            if limit is None:
-                return None
-            estimate = _reading.used + items * capacity.PATHS["plain"].bytes_waiting
-            near = estimate >= limit - NEAR_SHARE * _reading.maxmemory
-            if (near or estimate - _reading.read >= STEP_SHARE * _reading.maxmemory) and _reading.at != now:
-                # A task may be larger than the estimate's and other processes admit too: what Redis
-                # holds, after each STEP_SHARE of maxmemory this process admitted, and near the limit each call.
-                _read(now)
-                limit = capacity.memory_limit(_reading.maxmemory, high)
-                if limit is None:
-                    return None
-                estimate = _reading.used + items * capacity.PATHS["plain"].bytes_waiting
-        except redis.RedisError:
+        limit, estimate = _estimate(items, high)
+        if limit is None:
+            return None
+        near = estimate >= limit - NEAR_SHARE * _reading.maxmemory
+        again = (near or estimate - _reading.read >= STEP_SHARE * _reading.maxmemory) and _reading.at != now
+    if again:
+        # A task may be larger than the estimate's and other processes admit too: what Redis holds,
+        # after each STEP_SHARE of maxmemory this process admitted, and near the limit each call.
+        _refresh(now)
+    with _lock:
+        limit, estimate = _estimate(items, high)
+        if limit is None:
             return None
         if estimate < limit:
             _reading.used = int(estimate)

@@ -158,12 +158,18 @@ class Waiting:
         self.turn: threading.Event | None = None  # set when its result is in, or when it leads the next turn
 
 
+#: Seconds a call waits for the one in Redis before it goes alone: far above a turn's time when Redis
+#: answers (milliseconds), far below a stalled Redis's timeout (``DISPATCH_REDIS_TIMEOUT_S``).
+JOIN_WAIT_S = 0.5
+
+
 class Joiner:
     """Concurrent single dispatches of one process share round trips (group commit, in the caller).
 
     One call at a time is in Redis: its caller *leads*. Calls made meanwhile wait in ``waiting``;
     when the leader's call returns, the first of them leads the next turn, which admits every call
-    waiting by then at once. No call waits for more than the call in Redis and its own turn.
+    waiting by then at once. No call waits for more than the call in Redis and its own turn, nor
+    more than ``JOIN_WAIT_S`` for a slow one: then it goes alone.
     """
 
     def __init__(self) -> None:
@@ -181,6 +187,12 @@ class Joiner:
                 self._waiting.append(entry)
         if not lead:
             assert entry.turn is not None
+            if not entry.turn.wait(JOIN_WAIT_S) and self._leave(entry):
+                # The call in Redis is slow (Redis stalled, a timeout coming): this one goes alone, so
+                # that no call waits for more than its own Redis calls and this bound.
+                _admit_now([entry])
+                assert entry.result is not None
+                return entry.result
             entry.turn.wait()
             if entry.result is not None:
                 return entry.result
@@ -191,6 +203,14 @@ class Joiner:
         self._hand_on()
         assert entry.result is not None
         return entry.result
+
+    def _leave(self, entry: Waiting) -> bool:
+        """Take ``entry`` out of the waiting calls; False if a turn already took it (its answer is coming)."""
+        with self._lock:
+            if entry in self._waiting and not entry.turn.is_set():  # type: ignore[union-attr]
+                self._waiting.remove(entry)
+                return True
+            return False
 
     def _take_turn(self, leader: Waiting) -> list[Waiting]:
         with self._lock:
@@ -216,8 +236,8 @@ class Joiner:
                 self._busy = False
                 return
             nxt = self._waiting[0]  # it takes itself and the rest in _take_turn
-        assert nxt.turn is not None
-        nxt.turn.set()
+            assert nxt.turn is not None
+            nxt.turn.set()  # under the lock: a call leaving (_leave) sees it chosen, and stays to lead
 
 
 _JOINER = Joiner()
