@@ -6,7 +6,7 @@ renewing its leases on a clock the test moves); everything they do is a script c
 start, finish, retry, cancel, and the maintenance steps (sweep, reclaim, audit, expire, promote,
 limits). Faults: a worker dies holding messages, a claim never reaches Redis, a script's reply is
 lost after it ran (a pop's, a claim's, a finish's), an attempt overruns, leases run out (the clock
-jumps). After every step: no chat
+jumps), Redis restarts from its AOF. After every step: no chat
 has two tasks in flight, each chat's queue keeps its dispatch order, every accepted task is in one
 place its state names (queued, in hand, running, delayed, limited, finished). At the end, once the
 faults stop and maintenance runs for a lease and a sweep, every accepted task has finished or is dead.
@@ -56,6 +56,8 @@ ATTEMPT_S = 2
 #: The chat audit's hold: a head held this long by an owner that cannot move it is repaired.
 HELD_MS = ATTEMPT_S * 1000 + LEASE_MS
 CHATS = ["c0", "c1", "c2"]
+#: Real restarts of the session's Redis in one run of the model (the others make its effects at once).
+REAL_RESTARTS = 2
 FINISHED = {"done", "dead", "cancelled"}
 STATES = {"queued", "scheduled", "running", "retry", "limited", *FINISHED}
 #: Rounds of maintenance and a healthy worker the liveness check allows.
@@ -120,6 +122,9 @@ def _chat_of(record: str) -> str:
 class LivenessModel(RuleBasedStateMachine):
     """Rules draw the same values whatever Redis answered (no precondition reads the model's state
     beyond ``faults``): a rule with nothing to act on does nothing, so Hypothesis can replay a prefix."""
+
+    #: Real restarts of the session's Redis made so far this run (``redis_restarts_from_its_aof``).
+    real_restarts = 0
 
     def __init__(self) -> None:
         super().__init__()
@@ -311,6 +316,28 @@ class LivenessModel(RuleBasedStateMachine):
         self.offset_ms += ms
 
     # -- faults --------------------------------------------------------------------------------------
+    @precondition(lambda self: self.faults)
+    @rule()
+    def redis_restarts_from_its_aof(self) -> None:
+        """Redis killed (SIGKILL) and started again from its AOF. It fsyncs every write before it answers
+        (``appendfsync always``), so it comes back holding everything it answered; every connection
+        drops and its scripts are gone (each wrapper's next call meets NOSCRIPT and sends the script).
+        The session's Redis is really restarted ``REAL_RESTARTS`` times a run (each loads the whole
+        session's AOF: seconds); the other times the same three effects are made without the wait."""
+        if LivenessModel.real_restarts < REAL_RESTARTS:
+            LivenessModel.real_restarts += 1
+            from tests.conftest import _state
+
+            server = _state["redis"]
+            server.stop(kill=True)
+            server.start()
+        else:
+            self.rc.script_flush()
+            self.rc.client_kill_filter(_type="normal", skipme=True)
+        self.rc.connection_pool.disconnect()
+        self._beat_all()
+
+
     @precondition(lambda self: self.faults)
     @rule(w=st.integers(0, 1))
     def worker_dies(self, w: int) -> None:
