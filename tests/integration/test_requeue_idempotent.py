@@ -62,17 +62,18 @@ def test_requeue_after_an_unknown_redis_outcome_makes_one_task(rc, monkeypatch):
     from lanes.lua import admit as admit_wrapper
 
     row = _dead_row(chat=True)
-    real_call = admit_wrapper.call
+    real_receive = admit_wrapper.Calls.receive
     state = {"timed_out": False}
 
-    def call(name, keys_, args, **options):
-        reply = real_call(name, keys_, args, **options)
-        if name == "admit" and not state["timed_out"]:
+    def receive(self):
+        replies = real_receive(self)
+        if not state["timed_out"]:
             state["timed_out"] = True  # the script ran, but its answer never arrived
-            raise redis.TimeoutError("simulated: Timeout reading from socket")
-        return reply
+            return [redis.TimeoutError("simulated: Timeout reading from socket")] * len(replies)
+        return replies
 
-    monkeypatch.setattr(admit_wrapper, "call", call)  # the one place that runs admit.lua
+    # The one place admit.lua's replies come back (a reply is the error its call met: Calls never raises).
+    monkeypatch.setattr(admit_wrapper.Calls, "receive", receive)
     with pytest.raises(dead_letters.RequeueError, match="outcome unknown"):
         dead_letters.requeue(row, actor="op")
     assert rc.llen(keys.chat_queue(row.chat_id)) == 1  # the script ran: its task is there
