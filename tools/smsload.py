@@ -201,7 +201,7 @@ class SmsLoad:
         self.progress(f"{mode}: starting workers ({out.workers}) for {out.type}")
         procs = []
         try:
-            procs = self.bench.start_workers(system, "sms", probe_dir)
+            procs = self.bench.start_workers(system, "sms", probe_dir, self.bench.tmp / f"latency-{mode}")
             spec = {"mode": mode, "type": out.type, "probe_dir": str(probe_dir), "supplier": self.bench.env[
                 "BENCH_SMS_URL"], "options": asdict(self.o)}
             result = self._drive(spec)
