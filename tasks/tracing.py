@@ -4,7 +4,7 @@ Tracing is on in a process once :func:`configure` (``TasksConfig.ready``) finds 
 exporter named by the standard ``OTEL_TRACES_EXPORTER`` (``console``, ``otlp`` when
 installed, or this platform's ``jsonl``: spans as JSON lines appended to
 ``DISPATCH_TRACES_FILE``), or a tracer provider the process set up itself. Off, every
-hook returns at its first line and OpenTelemetry is not even imported: a dispatch's
+hook returns at its first line and OpenTelemetry's tracing is not even imported: a dispatch's
 message carries no trace field, and no span is made (cheaper than the API's own no-op
 tracer, which still builds a non-recording span per call).
 
