@@ -45,4 +45,4 @@ def test_off_unless_an_exporter_is_named_and_an_unknown_one_is_named_in_the_erro
 def test_a_caller_cannot_pass_a_trace_as_a_dispatch_option():
     with pytest.raises(Invalid) as err:
         split_item(({}, {"trace": {"traceparent": PARENT}}), {})
-    assert "unknown dispatch options: trace" in err.value.detail
+    assert "unknown dispatch options: 'trace'" in err.value.detail
