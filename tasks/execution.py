@@ -99,7 +99,11 @@ def execute(task: Task, args: tuple, kwargs: dict,
     try:
         if runner is not None:
             return runner(task, env, payload)
-        return Attempt(task, env, payload).run()
+        attempt = Attempt(task, env, payload)
+        try:
+            return attempt.run()
+        finally:
+            tracing.end_attempt(attempt)  # its span, when no outcome ended it (a skipped claim, an error)
     except Finished as finished:
         return finished.result
 
@@ -135,18 +139,15 @@ class Attempt:
 
     # -- steps -------------------------------------------------------------
     def run(self) -> Any:
+        version = self._claim(time.time())
+        tc, ctx, limit = self.begin(version)
+        leases.hold(self.record)
         try:
-            version = self._claim(time.time())
-            tc, ctx, limit = self.begin(version)
-            leases.hold(self.record)
-            try:
-                result, result_json = self._attempt(tc, ctx, limit)
-                self.finish_done(result_json)
-            finally:
-                leases.release(self.record)
-            return result
+            result, result_json = self._attempt(tc, ctx, limit)
+            self.finish_done(result_json)
         finally:
-            tracing.end_attempt(self)
+            leases.release(self.record)
+        return result
 
     def begin(self, version: str, now: float | None = None) -> tuple[config.TypeConf, Context, float]:
         """After the claim: the type in force, the deadline check, the handler's context and time limit.
@@ -301,15 +302,15 @@ class Attempt:
         # The task ends dead in Redis whether or not its row could be written: a row
         # that cannot be stored must not leave the task running (redelivered, run
         # again, poison, the same failure, forever).
-        with tracing.dead_letter(self, reason, detail):
-            _record_dead_letter(
-                task_id=self.task_id, task_type=env.type, lane=env.lane, reason=reason, payload=self.payload,
-                chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
-                attempts=env.attempt, dispatched_at=env.dispatched_at, exc=exc, message=detail,
-            )
-            failure = DeadLettered.because(reason, detail, task_type=env.type,
-                                           admin_url=dead_letter_admin_url(self.task_id))
-            self._finish("dead", json.dumps(str(failure)), reason)
+        tracing.dead_letter(self, reason, detail)
+        _record_dead_letter(
+            task_id=self.task_id, task_type=env.type, lane=env.lane, reason=reason, payload=self.payload,
+            chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
+            attempts=env.attempt, dispatched_at=env.dispatched_at, exc=exc, message=detail,
+        )
+        failure = DeadLettered.because(reason, detail, task_type=env.type,
+                                       admin_url=dead_letter_admin_url(self.task_id))
+        self._finish("dead", json.dumps(str(failure)), reason)
         tracing.outcome(self, "dead", reason=reason, detail=detail)
         died_at = time.time()
         lifecycle.emit(lifecycle.task_finished,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -173,19 +173,19 @@ class Spans:
             span.set_status(Status(StatusCode.ERROR, (detail or reason)[:DETAIL_MAX]))
         span.end()
 
-    def dead_letter(self, attempt: Traced, reason: str, detail: str) -> AbstractContextManager[Any]:
+    def dead_letter(self, attempt: Traced, reason: str, detail: str) -> None:
         if attempt.span is not None:
             parent = trace.set_span_in_context(attempt.span)
         elif attempt.env.trace:
             parent = propagate.extract(attempt.env.trace)
         else:
-            return nullcontext()  # no trace to join: a dead letter before any attempt, of an untraced dispatch
+            return  # no trace to join: a dead letter before any attempt, of an untraced dispatch
         env = attempt.env
         span = self.tracer.start_span(f"dead_letter {env.type}", context=parent, attributes={
             "dispatch.task_id": attempt.task_id, "dispatch.type": env.type, "dispatch.lane": env.lane,
             "dispatch.attempt": env.attempt, "dispatch.reason": reason})
         span.set_status(Status(StatusCode.ERROR, detail[:DETAIL_MAX]))
-        return trace.use_span(span, end_on_exit=True)
+        span.end()
 
     def next_trace(self, attempt: Traced, ready_s: float) -> dict[str, str]:
         context = trace.set_span_in_context(attempt.span)

@@ -142,11 +142,10 @@ def end_attempt(attempt: Traced) -> None:
         span.end()
 
 
-def dead_letter(attempt: Traced, reason: str, detail: str) -> contextlib.AbstractContextManager[Any]:
-    """The ``dead_letter <type>`` span, around the dead-letter row and the outcome call."""
-    if _spans is None:
-        return _NULL
-    return _spans.dead_letter(attempt, reason, detail)
+def dead_letter(attempt: Traced, reason: str, detail: str) -> None:
+    """The ``dead_letter <type>`` span (an instant, as the task becomes a dead letter), in its attempt's span."""
+    if _spans is not None:
+        _spans.dead_letter(attempt, reason, detail)
 
 
 def next_trace(attempt: Traced, ready_s: float) -> dict[str, str] | None:
