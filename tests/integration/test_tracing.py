@@ -195,6 +195,12 @@ def test_the_http_apis_traceparent_header_is_the_parent_of_the_dispatch(spans, r
     (bulk,) = [s for s in spans.exporter.get_finished_spans()
                if s.name == f"dispatch {name}" and s.attributes.get("messaging.batch.message_count") == 2]
     assert hex_id(bulk.parent.span_id, 16) == "0xb7ad6b7169203331"
+    # A header that is not W3C trace context is ignored: the dispatch starts a trace of its own.
+    spans.exporter.clear()
+    r = client.post("/dispatch", {"task_type": name, "payload": {}}, HTTP_TRACEPARENT="00-not-a-trace-context")
+    assert r.status_code == 202, r.content
+    (sent,) = spans.exporter.get_finished_spans()
+    assert sent.parent is None
 
 
 def test_tracing_off_makes_no_span_and_adds_nothing_to_the_message(rc):
