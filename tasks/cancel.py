@@ -32,7 +32,7 @@ from lanes.lua.cancel import Cancelled
 from lanes.lua.cancel import cancel as lua_cancel
 from lanes.lua.forget import forget
 from lanes.redis_client import get_redis
-from tasks import results
+from tasks import history, results
 from tasks import signals as lifecycle
 from tasks.validation import MAX_CHAT_ID_LEN, MAX_IDEMPOTENCY_KEY_LEN, is_clean_text, scrub_text
 
@@ -202,6 +202,7 @@ def _run(detail: str, *, targets: Iterable[tuple[str, str]] = (), chat: str = ""
             logger.warning("revoked_row_not_written task=%s", found.task_id, exc_info=True)
             continue
         settled.append(found.task_id)
+        history.ended(found.task_id, 0, "cancelled", detail=detail)
         results.announce_revoked(found.task_id)
         lifecycle.emit(lifecycle.task_finished, functools.partial(
             lifecycle.TaskInfo, found.task_id, found.type, found.lane, found.chat, outcome="cancelled",
