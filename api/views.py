@@ -44,7 +44,7 @@ from lanes import records
 from lanes.redis_client import get_redis
 from tasks import cancel as cancelling
 from tasks import config
-from tasks import history as task_history
+from tasks import history_view as task_history
 from tasks.admission import rejected_invalid, unavailable
 from tasks.dispatch import DispatchResult, admit, dispatch_many
 from tasks.models import DeadLetter

@@ -10,7 +10,7 @@ import datetime as dt
 import json
 from typing import Any
 
-from tasks import history
+from tasks import history_view as history
 from tasks.cancel import valid_task_id
 
 #: Longest result or error shown on the page (the rest is cut, with a note).

@@ -202,13 +202,13 @@ def _run(detail: str, *, targets: Iterable[tuple[str, str]] = (), chat: str = ""
             logger.warning("revoked_row_not_written task=%s", found.task_id, exc_info=True)
             continue
         settled.append(found.task_id)
-        history.ended(found.task_id, 0, "cancelled", detail=detail)
         results.announce_revoked(found.task_id)
         lifecycle.emit(lifecycle.task_finished, functools.partial(
             lifecycle.TaskInfo, found.task_id, found.type, found.lane, found.chat, outcome="cancelled",
             reason="cancelled", detail=detail))
     if settled:
         records = [r for t, r in _records(targets, chat, answers) if t in settled]
+        history.cancelled_waiting(list(zip(settled, records, strict=True)), detail)
         try:
             forget(records)
         except redis.RedisError:  # their settle lease runs out; a worker settles them then

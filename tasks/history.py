@@ -34,7 +34,6 @@ import math
 import os
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from lanes import keys
@@ -286,174 +285,35 @@ def ended(task_id: str, attempt: int, outcome: str, at: float | None = None, **f
     attempt_ended(task_id)
 
 
-# -- reading ------------------------------------------------------------------
+def cancelled_waiting(cancelled: list[tuple[str, str]], detail: str) -> None:
+    """Tasks a cancel removed while they waited, as ``(task id, record)``: what they were, then the cancel.
 
-#: A live record's state (``st``, lanes/lua/_lib.lua) in a user's words, and the API's state name.
-LIVE_STATES = {"queued": ("waiting for a worker", "PENDING"), "scheduled": ("scheduled for later", "SCHEDULED"),
-               "limited": ("waiting on a limit", "PENDING"), "retry": ("waiting to retry", "RETRY"),
-               "running": ("running", "STARTED"), "done": ("succeeded", "SUCCESS"),
-               "dead": ("dead letter", "FAILURE"), "cancelled": ("cancelled", "REVOKED")}
-ROW_STATES = {"SUCCESS": "succeeded", "FAILURE": "failed (dead letter)", "REVOKED": "cancelled",
-              "RETRY": "waiting to retry", "STARTED": "running", "PENDING": "waiting for a worker"}
-
-
-@dataclass
-class AttemptView:
-    number: int
-    worker: str = ""
-    started_at: float | None = None
-    ended_at: float | None = None
-    outcome: str = "running"
-    error: str = ""
-    waited_s: float | None = None
-    retry_delay_s: float | None = None
-
-
-@dataclass
-class History:
-    """Everything known of one task, for the admin's page and the API's ``history``."""
-
-    task_id: str
-    by: str
-    state: str  # the API's name (SCHEDULED, PENDING, STARTED, RETRY, SUCCESS, FAILURE, REVOKED)
-    state_text: str  # in a user's words
-    dispatched: dict[str, Any] | None = None
-    waiting: dict[str, Any] | None = None
-    attempts: list[AttemptView] = field(default_factory=list)
-    cancelled: dict[str, Any] | None = None
-    dead_letter: dict[str, Any] | None = None
-    result: dict[str, Any] | None = None
-    progress: dict[str, Any] | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["attempt_count"] = len(self.attempts)
-        return out
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
-
-
-def read_progress(client: Any, task_id: str) -> dict[str, Any] | None:
-    raw = client.get(keys.task_progress(task_id))
-    if not raw:
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def attempts_of(events: list[dict[str, Any]]) -> list[AttemptView]:
-    """Each attempt from the events (pure): a ``started`` opens one; its outcome closes it.
-
-    An attempt started again with the same number was delivered again: the earlier
-    one's worker was lost before it could end it.
+    Their records go next, so what the caller asked for is read from them now (one pipelined read;
+    a cancel is rare) and written at once, for the reader who looks right after. Never raises.
     """
-    out: list[AttemptView] = []
-    for event in events:
-        kind, number = event.get("kind"), int(event.get("attempt") or 0)
-        if kind == "started":
-            if out and out[-1].number == number and out[-1].outcome == "running":
-                out[-1].outcome = "worker lost"
-            out.append(AttemptView(number, str(event.get("worker") or ""), event.get("at"),
-                                   waited_s=event.get("waited_s")))
-        elif kind in ("succeeded", "retry", "dead", "cancelled") and out and out[-1].outcome == "running":
-            last = out[-1]
-            last.ended_at = event.get("at")
-            last.outcome = {"retry": "failed, retried", "dead": "dead letter"}.get(kind, kind)
-            last.error = str(event.get("error") or event.get("reason") or "")
-            if kind == "retry":
-                last.retry_delay_s = event.get("delay_s")
-    return out
+    from lanes.redis_client import get_redis  # inner import: as in flush
 
-
-def read(task_id: str) -> History | None:
-    """The history of ``task_id`` from Redis and the database; None when nothing knows it."""
-    from django_celery_results.models import TaskResult  # inner import: models load with the apps
-
-    from lanes import records  # inner import: read only by the pages, kept out of the handler's import
-    from lanes.redis_client import get_redis  # inner import: as above
-    from tasks.maintenance import parse_stored_message  # inner import: maintenance imports execution
-    from tasks.models import DeadLetter  # inner import: models load with the apps
-
-    client = get_redis()
-    events = []
-    for raw in client.lrange(keys.task_history(task_id), 0, -1):
-        try:
-            events.append(json.loads(raw))
-        except ValueError:
-            continue
-    history = History(task_id, owner_of(task_id), "", "", events=events)
-    history.progress = read_progress(client, task_id)
-    history.attempts = attempts_of(events)
-    for event in events:
-        if event.get("kind") == "dispatched" and history.dispatched is None:
-            history.dispatched = {k: v for k, v in event.items() if k != "kind"}
-        if event.get("kind") == "cancelled" and history.cancelled is None:
-            history.cancelled = {"at": event.get("at"), "detail": event.get("detail") or event.get("reason") or ""}
-    live = None
-    record = records.locate(client, task_id)
-    if record:
-        st, lane, chat, att, msg, eta = client.hmget(record, "st", "lane", "chat", "att", "msg", "eta")
-        if st:
-            live = _text(st)
-            waiting: dict[str, Any] = {"state": live, "lane": _text(lane), "attempt": int(att or 0)}
-            if chat:
-                waiting["chat_id"] = _text(chat)
-                position = client.lpos(keys.chat_queue(_text(chat)), task_id)
-                waiting["chat_position"] = position  # 0: the chat's head; None: no longer in its queue
-            if eta:
-                waiting["eta"] = int(eta) / 1000
-            history.waiting = waiting
-            if history.dispatched is None and msg:
-                try:
-                    _id, _payload, env = parse_stored_message(msg if isinstance(msg, bytes) else msg.encode())
-                    history.dispatched = {**dispatched_fields(env), "by": history.by}
-                except (ValueError, KeyError, TypeError):
-                    pass
-    dead = DeadLetter.objects.filter(task_id=task_id).first()
-    if dead is not None:
-        history.dead_letter = {"reason": dead.reason, "error": dead.error_message, "status": dead.status,
-                               "at": dead.created_at.timestamp() if dead.created_at else None,
-                               "requeued_task_id": dead.requeued_task_id}
-        if history.dispatched is None:
-            history.dispatched = {
-                "at": dead.dispatched_at.timestamp() if dead.dispatched_at else None, "type": dead.task_type,
-                "lane": dead.lane, "by": history.by,
-                "options": {k: v for k, v in (("priority", dead.priority), ("chat_id", dead.chat_id),
-                                              ("idempotency_key", dead.idempotency_key),
-                                              ("metadata", dead.metadata)) if v not in ("", None, {})}}
-    row = TaskResult.objects.filter(task_id=task_id).first()
-    if row is not None:
-        history.result = {"state": row.status, "at": row.date_done.timestamp() if row.date_done else None,
-                          "worker": row.worker or "", "value": _decoded(row.result)}
-        if row.status == "REVOKED" and history.cancelled is None:
-            history.cancelled = {"at": history.result["at"], "detail": _decoded(row.result)}
-    if live in ("done", "dead", "cancelled") and row is not None:
-        live = None  # finished and stored: the row speaks
-    if live is not None:
-        history.state_text, history.state = LIVE_STATES.get(live, ("waiting for a worker", "PENDING"))
-    elif row is not None:
-        history.state, history.state_text = row.status, ROW_STATES.get(row.status, row.status.lower())
-    elif dead is not None:
-        history.state, history.state_text = "FAILURE", "failed (dead letter)"
-    elif events:
-        history.state, history.state_text = "PENDING", "waiting for a worker"
-    else:
-        return None
-    if history.dead_letter and history.state == "FAILURE":
-        history.state_text = f"dead letter ({history.dead_letter['reason']})"
-    return history
-
-
-def _decoded(text: Any) -> Any:
-    if text is None:
-        return None
     try:
-        return json.loads(text)
-    except (TypeError, ValueError):
-        return text
+        client = get_redis()
+        pipe = client.pipeline(transaction=False)
+        for task_id, record in cancelled:
+            pipe.hget(record, "msg")
+            pipe.exists(keys.task_history(task_id))
+        replies = pipe.execute()
+        for (task_id, _record), msg, known in zip(cancelled, replies[::2], replies[1::2], strict=True):
+            if msg and not known:
+                fields = dispatched_fields(envelope_of(msg))
+                note(task_id, "dispatched", at=fields.pop("at"), by=owner_of(task_id), **fields)
+            ended(task_id, 0, "cancelled", detail=detail)
+        flush()
+    except Exception:  # history must never break a cancel
+        logger.warning("history_of_cancel_not_written tasks=%d", len(cancelled), exc_info=True)
+
+
+def envelope_of(msg: bytes | str) -> dict[str, Any]:
+    """The envelope dict of a message stored in a task record (``lanes.messages.build_message``'s layout)."""
+    raw = msg if isinstance(msg, bytes) else msg.encode()
+    outer = json.loads(raw.replace(b"\0", b"").decode("utf-8"))
+    _args, kwargs, _embed = json.loads(outer["body"])
+    envelope = kwargs.get("dispatch") if isinstance(kwargs, dict) else None
+    return envelope if isinstance(envelope, dict) else {}
