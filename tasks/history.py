@@ -6,11 +6,13 @@ those calls or waits on Redis: an event (``started``, ``succeeded``,
 ``retry``, ...) is a line of JSON appended to an in-process buffer, and one
 daemon thread per process writes the buffer every :data:`FLUSH_EVERY_S` in one
 pipelined round trip. Per task that is an ``RPUSH`` of its events onto its own
-list (``keys.task_history``: by task id alone, so it outlives the record), an
-``EXPIRE`` the first time (and an ``LTRIM`` to :data:`HISTORY_MAX` once its
-attempts pass :data:`TRIM_FROM_ATTEMPT`: below that it cannot grow past it) (kept as long as the result row, Celery's
-``result_expires``); a task that starts and ends within one flush costs those
-two commands and no round trip of its own.
+list (``keys.task_history``: by task id alone, so it outlives the record) and an
+``EXPIRE`` the first time (``DISPATCH_HISTORY_TTL_S``, else as long as the
+result row: Celery's ``result_expires``); a task that starts and ends within
+one flush costs those two commands and no round trip of its own. An attempt
+adds at most one event per delivery (``DISPATCH_MAX_DELIVERIES``) and one for
+its end, so a list stays short; from attempt :data:`TRIM_FROM_ATTEMPT` on, each
+write also trims it to its last :data:`HISTORY_MAX` events.
 
 ``ctx.progress(fraction, note)`` is the same: the handler's thread only keeps
 the latest value; the thread writes it (one ``SET`` with the same expiry) at
@@ -35,6 +37,8 @@ import os
 import threading
 import time
 from typing import Any
+
+from django.conf import settings
 
 from lanes import keys
 from lanes.forksafe import ForkSafeLock
@@ -138,8 +142,11 @@ def attempt_ended(task_id: str) -> None:
 
 
 def retention_s() -> int:
-    """As long as the result row (Celery's ``result_expires``)."""
+    """``DISPATCH_HISTORY_TTL_S``, else as long as the result row (Celery's ``result_expires``)."""
     from celery import current_app  # inner import: celery's app is the worker's, read when flushing
+
+    if getattr(settings, "DISPATCH_HISTORY_TTL_S", 0) > 0:
+        return int(settings.DISPATCH_HISTORY_TTL_S)
 
     expires = current_app.conf.result_expires
     if isinstance(expires, dt.timedelta):
