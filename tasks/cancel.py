@@ -194,6 +194,8 @@ def _run(detail: str, *, targets: Iterable[tuple[str, str]] = (), chat: str = ""
     out = [_answer(found, detail) for found in answers]
     settled = []
     for found in answers:
+        if found.outcome == "told":
+            history.note(found.task_id, "cancel_asked", detail=detail)  # it ends as its handler decides
         if found.outcome != "cancelled":
             continue
         try:

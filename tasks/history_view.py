@@ -113,8 +113,10 @@ def read(task_id: str) -> History | None:
     for event in events:
         if event.get("kind") == "dispatched" and history.dispatched is None:
             history.dispatched = {k: v for k, v in event.items() if k != "kind"}
-        if event.get("kind") == "cancelled" and history.cancelled is None:
+        if event.get("kind") == "cancelled":
             history.cancelled = {"at": event.get("at"), "detail": event.get("detail") or event.get("reason") or ""}
+        if event.get("kind") == "cancel_asked" and history.cancelled is None:
+            history.cancelled = {"at": event.get("at"), "detail": f"asked while it ran: {event.get('detail') or ''}"}
     live = None
     record = records.locate(client, task_id)
     if record:

@@ -115,7 +115,7 @@ def test_bad_progress_is_refused_with_a_clear_error(workers):
     assert "201 characters" in texts[4] and "printable" in texts[5]
 
 
-def test_a_task_retried_twice_then_succeeding(workers, admin_client):
+def test_a_task_retried_twice_then_succeeding(workers, admin_client, rc):
     type_name = unique("hist-flaky")
     define(type_name, handler="demo.flaky", lane=PREFORK_LANE,
            policy={"max_retries": 3, "initial_backoff": 0.2, "multiplier": 2.0, "max_backoff": 1.0, "jitter": 0.0})
@@ -138,6 +138,11 @@ def test_a_task_retried_twice_then_succeeding(workers, admin_client):
     page = admin_client.get(f"/admin/tasks/history/{task_id}/").content.decode()
     assert 'id="attempt-count">3<' in page and "failed, retried" in page and "0.400 s" in page
     assert "tombstone" not in page.lower()
+    # The task search finds it just finished (Redis keeps its outcome briefly), in a user's words.
+    wait_until(lambda: not rc.exists(keys.task_record(task_id)), timeout=10, what="record settled")
+    found = admin_client.get(f"/admin/dashboard/tasks/?kind=task&q={task_id}").content.decode()
+    assert "just finished" in found and "tombstone" not in found.lower()
+    assert f'href="/admin/tasks/history/{task_id}/"' in found
 
 
 def test_a_cancelled_task_sent_for_later(workers, admin_client):
