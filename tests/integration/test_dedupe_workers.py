@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -60,7 +61,7 @@ def test_debounce_runs_only_the_last_of_a_burst_and_revokes_the_rest(served, sin
     assert all(a.accepted for a in burst)
     assert [a.replaced for a in burst] == [None] + [a.task_id for a in burst[:-1]]
     burst[-1].get(timeout=30)
-    for earlier, later in zip(burst, burst[1:], strict=False):
+    for earlier, later in itertools.pairwise(burst):
         with pytest.raises(TaskRevokedError, match=f"replaced by {later.task_id}"):
             earlier.get(timeout=10)
     time.sleep(0.6)  # a replaced one that still ran would have by now
