@@ -38,6 +38,7 @@ import threading
 import time
 from typing import Any
 
+import orjson
 from django.conf import settings
 
 from lanes import keys
@@ -108,7 +109,8 @@ def note(task_id: str, kind: str, *, attempt: int = 0, at: float | None = None, 
         event = {"kind": kind, "at": round(time.time() if at is None else at, 3), **fields}
         if attempt:
             event["attempt"] = attempt
-        line = json.dumps(event, default=str)
+        # Micro-optimization: orjson (a dependency already), 3 events a task on the hot path.
+        line = orjson.dumps(event, default=str).decode()
     except Exception:  # history must never break the task
         logger.warning("history_event_dropped task=%s kind=%s", task_id, kind, exc_info=True)
         return
