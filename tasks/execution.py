@@ -38,7 +38,7 @@ from lanes.lua.retry import retry as lua_retry
 from lanes.lua.start import start as lua_start
 from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
-from tasks import config, dead_letters, results, tracing, validation
+from tasks import config, dead_letters, history, results, tracing, validation
 from tasks import signals as lifecycle
 from tasks.context import Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError, TaskCancelled
@@ -166,6 +166,7 @@ class Attempt:
         if now >= env.deadline:
             self._die("expired", f"deadline passed {now - env.deadline:.3f}s before the attempt could start")
         self.started_at = now
+        history.started(self.task_id, env, getattr(self.request, "hostname", None) or leases.process_id(), now)
         limit = min(tc.attempt_timeout_s, env.deadline - now)
         ctx = Context(
             task_id=self.task_id, type=env.type, lane=env.lane, chat_id=env.chat, attempt=env.attempt,
@@ -181,7 +182,9 @@ class Attempt:
         self.emit_finished(time.time())
 
     def emit_finished(self, finished_at: float) -> None:
-        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``)."""
+        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``), its history
+        and its span."""
+        history.ended(self.task_id, self.env.attempt, "succeeded", at=finished_at)
         tracing.outcome(self, "succeeded")
         lifecycle.emit(lifecycle.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
 
@@ -290,6 +293,8 @@ class Attempt:
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
             raise Ignore()
+        history.ended(self.task_id, env.attempt, "retry", at=now, error=f"{type(exc).__name__}: {exc}"[:500],
+                      delay_s=round(decision.delay_s, 3))
         logger.info("retry_scheduled task=%s attempt=%d delay=%.3fs error=%r",
                     self.task_id, env.attempt, decision.delay_s, exc)
         tracing.outcome(self, "retrying", reason=type(exc).__name__, detail=str(exc), retry_delay_s=decision.delay_s)
@@ -313,6 +318,7 @@ class Attempt:
         self._finish("dead", json.dumps(str(failure)), reason)
         tracing.outcome(self, "dead", reason=reason, detail=detail)
         died_at = time.time()
+        history.ended(self.task_id, env.attempt, "dead", at=died_at, reason=reason, error=detail[:500])
         lifecycle.emit(lifecycle.task_finished,
                        lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
         raise failure
@@ -334,6 +340,7 @@ class Attempt:
         leases.settle(self.record)
         results.announce_revoked(self.task_id)
         ended_at = time.time()
+        history.ended(self.task_id, self.env.attempt, "cancelled", at=ended_at, detail=detail[:500])
         lifecycle.emit(lifecycle.task_finished,
                        lambda: self._info(ended_at, outcome="cancelled", reason="cancelled", detail=detail))
         logger.info("task_cancelled_running task=%s detail=%r", self.task_id, detail)
