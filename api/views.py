@@ -195,7 +195,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
 
     ``countdown`` / ``eta`` send it for later, ``retry_policy`` names the policy its retries follow.
     Rejections: 404 ``unknown_type``; 422 ``invalid_*``, ``unknown_retry_policy``; 413 ``payload_too_large``;
-    409 ``type_disabled``, ``idempotency_conflict``; 429 ``lane_full``, ``chat_queue_full``;
+    409 ``type_disabled``, ``idempotency_conflict``; 429 ``lane_full``, ``chat_queue_full``, ``caller_quota``
+    (the token holds its share of the lane: ``ServiceToken.lane_share``), each with ``Retry-After``;
     503 ``lane_closed``, ``unavailable`` (retry with the same idempotency key).
     """
     caller: Caller = request.auth
@@ -210,7 +211,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
         scoped, result = _scoped(room, options, time.time())
         if result is None:
             task_id = tenancy.task_id_prefix(caller.token_id) + str(uuid.uuid4())
-            result = _shown(room, admit(data.task_type, data.payload, _task_id=task_id, **scoped), options)
+            result = _shown(room, admit(data.task_type, data.payload, _task_id=task_id,
+                                        _lane_share=caller.lane_share, **scoped), options)
     assert result is not None
     _audit(request, caller, "dispatch", data.task_type, [result])
     status = statuses.status_for(result.accepted, result.reason)
@@ -272,7 +274,8 @@ def _bulk(caller: Caller, room: tenancy.Room, data: BulkIn) -> list[DispatchResu
             continue
         pairs.append((payload, scoped))
         sent.append(index)
-    admitted = dispatch_many(data.task_type, pairs, id_prefix=tenancy.task_id_prefix(caller.token_id))
+    admitted = dispatch_many(data.task_type, pairs, id_prefix=tenancy.task_id_prefix(caller.token_id),
+                             lane_share=caller.lane_share)
     for index, result in zip(sent, admitted, strict=True):
         results[index] = _shown(room, result, raw[index])
     return results  # type: ignore[return-value]  # every slot is filled above

@@ -19,7 +19,9 @@
 --   from the dead letter, so a record of that id already here means an earlier
 --   requeue of the same row: answer 'dup'), limit_prefix (lanes.keys.LIMIT_PREFIX),
 --   lane_prefix (lanes.keys.LANE_PREFIX), read_estimate ('1': read the lane's
---   estimate inputs; '0': the caller has them from a recent call);
+--   estimate inputs; '0': the caller has them from a recent call), caller_quota (the most
+--   tasks one token may hold waiting in the lane, its share of the capacity: past it an item
+--   of that token is refused 'caller_quota'; '0': no share);
 --   then ITEM_ARGS an item: task_id, message (a NUL marks the delivery tag's place),
 --   kombu_priority 0..9, chat ('' none), digest (of the payload; '' without an
 --   idempotency key), deadline_ms, limits (its limit instance bases, newline-separated;
@@ -50,7 +52,7 @@
 -- Because Redis runs a script alone, a dispatch appending to a chat and a worker
 -- handing the chat over (finish.lua) never interleave (the seed's race cannot happen).
 
-local SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 13, 8
+local SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 14, 8
 local c = {
   config_version = KEYS[1], leases = KEYS[2], chat_waiting = KEYS[3], delayed = KEYS[4],
   metrics_total = KEYS[5], metrics_minute = KEYS[6], metrics_previous_minute = KEYS[7], chats = KEYS[8],
@@ -59,7 +61,7 @@ local c = {
   version = ARGV[1], now_ms = ARGV[2], lane = ARGV[3], task_type = ARGV[4], accepting = ARGV[5],
   capacity = tonumber(ARGV[6]), chat_queue_size = tonumber(ARGV[7]), idempotency_window_s = ARGV[8],
   queued_lease_ms = ARGV[9], replace_idempotency = ARGV[10] == '1', limit_prefix = ARGV[11],
-  lane_prefix = ARGV[12], read_estimate = ARGV[13] == '1',
+  lane_prefix = ARGV[12], read_estimate = ARGV[13] == '1', caller_quota = tonumber(ARGV[14]),
 }
 local items = (#ARGV - SHARED_ARGS) / ITEM_ARGS
 

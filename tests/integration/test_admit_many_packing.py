@@ -21,6 +21,7 @@ def chunks(draw):
         version=draw(st.sampled_from(["1", "17"])), now=now, lane=draw(st.sampled_from(["bulk", "lané"])),
         task_type=draw(st.sampled_from(["t.plain", "t.ünï"])), accepting=draw(st.booleans()), capacity=1000,
         chat_queue_size=50, idempotency_window_s=3600, queued_lease_ms=30000, replace_idempotency=draw(st.booleans()),
+        caller_quota=draw(st.sampled_from([0, 5, 1000])),
     )
     items = []
     for _ in range(draw(st.integers(1, 6))):
