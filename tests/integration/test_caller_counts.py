@@ -60,10 +60,6 @@ def assert_exact(rc, lanes: list[str], when: str) -> dict[str, int]:
     return truth
 
 
-def token_id(rng: random.Random) -> str:
-    return f"tk{rng.randrange(900_000, 999_999)}-{uuid.UUID(int=rng.getrandbits(128), version=4)}"
-
-
 def test_a_random_mix_keeps_every_tokens_count_equal_to_its_waiting_tasks(rc, start_worker):
     from tests.integration.test_limits_scripts import limit, limited_type
 
@@ -83,7 +79,7 @@ def test_a_random_mix_keeps_every_tokens_count_equal_to_its_waiting_tasks(rc, st
     callers = [f"tk{n}-" for n in rng.sample(range(900_000, 999_999), 3)]
 
     def new_id() -> str:
-        return rng.choice(callers + [""]) + str(uuid.UUID(int=rng.getrandbits(128), version=4))
+        return rng.choice([*callers, ""]) + str(uuid.UUID(int=rng.getrandbits(128), version=4))
 
     parked: set[str] = set()  # sent for later in 300 s: rightly still waiting at the end
 
