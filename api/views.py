@@ -229,7 +229,11 @@ def _item_options(item: Any) -> tuple[Any, dict[str, Any]]:
 
 @api.post("/dispatch/bulk", response={200: BulkOut, **REFUSALS}, summary="Dispatch many tasks of one type")
 def dispatch_bulk(request: HttpRequest, data: BulkIn) -> JsonResponse:
-    """Admit each item on its own; ``results`` are in input order (at most 1000 items per request)."""
+    """Admit each item on its own; ``results`` are in input order (at most 1000 items per request).
+
+    An item is refused as a single dispatch would be, with its ``reason``: e.g. ``caller_quota`` once the
+    token holds its share of the lane.
+    """
     # The items go to Redis together (dispatch_many: one round trip per chunk of 500), not one call each.
     caller: Caller = request.auth
     _in_scope(caller, data.task_type)
