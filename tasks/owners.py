@@ -45,10 +45,9 @@ def lane_quota(capacity: int, share_pct: int) -> int:
     """The most tasks a caller with ``share_pct`` % of a lane may hold waiting in it (0: no share applies).
 
     Rounded down, but at least one, so a small share of a small lane still admits a task; a share of
-    100 % or more is the lane's capacity itself, which admission already bounds.
+    100 % or more is the lane's capacity itself, which admission already bounds. A share below 1 % (a
+    row written around the model's validation) is the smallest share, not none.
     """
     if share_pct >= WHOLE_LANE_PCT:
         return 0
-    if share_pct < 1:
-        raise ValueError(f"a lane share is 1..{WHOLE_LANE_PCT} %, not {share_pct!r}")
-    return max(1, capacity * share_pct // WHOLE_LANE_PCT)
+    return max(1, capacity * max(1, share_pct) // WHOLE_LANE_PCT)
