@@ -165,7 +165,7 @@ def sharers():
     return name, a_name, ApiClient(a), ApiClient(b)
 
 
-@settings(max_examples=int(os.environ.get("API_PROPERTY_EXAMPLES", "25")), deadline=None,
+@settings(max_examples=int(os.environ.get("API_PROPERTY_EXAMPLES", "15")), deadline=None,
           derandomize=bool(os.environ.get("CI")), database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(capacity=st.integers(3, 30), share=st.integers(1, 100), steps=st.lists(SHARE_STEP, min_size=1, max_size=10))
