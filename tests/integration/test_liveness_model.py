@@ -108,7 +108,7 @@ class Worker:
 def as_process(proc: str):
     """pop_more names the records in the calling process's in-hand set: here, a modelled worker's."""
     with mock.patch.object(leases, "process_id", lambda pid=None: proc), \
-            mock.patch.object(leases, "registered", lambda: True):
+            mock.patch.object(leases.current(), "registered", lambda: True):
         yield
 
 
