@@ -63,6 +63,20 @@ def _positional(index: ast.AST) -> bool:
     return isinstance(index, ast.Constant) and isinstance(index.value, int)
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def _own_nodes(scope: ast.AST) -> list[ast.AST]:
+    """The nodes of ``scope``, without those of the functions and classes defined in it (their own scopes)."""
+    nodes, todo = [], list(ast.iter_child_nodes(scope))
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if not isinstance(node, _SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
 def reply_indexing(source: str) -> list[int]:
     """Line numbers where ``source`` reads a wrapper's reply by position."""
     tree = ast.parse(source)
@@ -70,15 +84,15 @@ def reply_indexing(source: str) -> list[int]:
     if not functions and not modules:
         return []
     found = []
-    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Module))]
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (*_SCOPES, ast.Module))]
     for scope in scopes:
         replies = set()
-        for node in ast.walk(scope):
+        for node in _own_nodes(scope):
             if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None \
                     and _names_a_wrapper(node.value, functions, modules):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 replies.update(t.id for t in targets if isinstance(t, ast.Name))
-        for node in ast.walk(scope):
+        for node in _own_nodes(scope):
             if not isinstance(node, ast.Subscript) or not _positional(node.slice):
                 continue
             value = node.value
@@ -122,3 +136,9 @@ def test_the_check_finds_each_way_a_reply_is_indexed():
     assert reply_indexing(named) == []
     loader = "from lanes.lua.loader import call\ndef f():\n    return call('x', [], [])[0]\n"
     assert reply_indexing(loader) == []
+    same_name_elsewhere = (
+        "from lanes.lua.cancel import cancel\n"
+        "def f():\n    found = cancel()\n    return found.outcome\n"
+        "def g():\n    found = [1]\n    return found[0]\n"
+    )
+    assert reply_indexing(same_name_elsewhere) == []
