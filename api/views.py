@@ -44,6 +44,7 @@ from lanes import records
 from lanes.redis_client import get_redis
 from tasks import cancel as cancelling
 from tasks import config
+from tasks import history_view as task_history
 from tasks.admission import rejected_invalid, unavailable
 from tasks.dispatch import DispatchResult, admit, dispatch_many
 from tasks.models import DeadLetter
@@ -324,8 +325,13 @@ def _live_state(task_id: str) -> str | None:
 @api.get("/tasks/{task_id}", response={200: TaskStateOut, 401: ErrorOut, 404: ErrorOut, 422: ErrorOut,
                                        429: ErrorOut, 503: ErrorOut},
          summary="A task's state and result")
-def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
-    """The state of one of this token's tasks and, if it died, its dead letter.
+def task_state(request: HttpRequest, task_id: str, history: bool = False) -> JsonResponse:
+    """The state of one of this token's tasks, its last progress and, if it died, its dead letter.
+
+    ``progress`` is the handler's last ``ctx.progress`` (``{fraction, note, at}``) or null.
+    ``?history=1`` adds ``history``: dispatched (by whom, with which options), waiting
+    (lane, chat position), each attempt (worker, start, end, outcome, error, retry delay),
+    cancel, dead letter and result.
 
     ``SCHEDULED`` while it waits for its countdown / eta, ``PENDING`` while it
     waits for a worker, then Celery's states. 404 ``unknown_task`` for an id never
@@ -343,6 +349,11 @@ def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
         state = _live_state(task_id) or ("PENDING" if dead else None)
     if state is None:
         raise _unknown_task(task_id)
+    try:
+        progress = task_history.read_progress(get_redis(), task_id)
+        story = task_history.read(task_id) if history else None
+    except redis.RedisError as exc:
+        raise ApiError(503, "unavailable", f"Redis did not answer ({exc}); retry", {"Retry-After": "1"}) from None
     return _json(request, 200, {
         "task_id": task_id,
         "state": state,
@@ -354,6 +365,8 @@ def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
             "reason": dead.reason, "status": dead.status, "error": dead.error_message,
             "attempts": dead.attempts, "requeued_task_id": dead.requeued_task_id,
         },
+        "progress": progress,
+        **({"history": story.as_dict() if story else None} if history else {}),
     })
 
 

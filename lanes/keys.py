@@ -58,6 +58,16 @@ def tombstone(task_id: str) -> str:
     return f"{TOMBSTONE_PREFIX}{task_id}"
 
 
+def task_history(task_id: str) -> str:
+    """A task's own events (a capped list, tasks.history), kept as long as its result row; by id alone."""
+    return f"{PREFIX}hist:{task_id}"
+
+
+def task_progress(task_id: str) -> str:
+    """A running task's last reported progress (``ctx.progress``, tasks.history)."""
+    return f"{PREFIX}prog:{task_id}"
+
+
 def lane_queue(lane: str, kombu_priority: int) -> str:
     """The Redis list kombu reads for ``lane`` at its own priority (0 first)."""
     return lane if kombu_priority == 0 else f"{lane}:{kombu_priority}"
