@@ -48,7 +48,7 @@ def record_unreadable_message(sender: object, task_id: str, message: str, exc: B
 
 
 def settle_before_exit(**_: Any) -> None:
-    leases.settle_now()
+    leases.current().settle_now()
     counters.flush_quietly()  # a pool child exits without atexit hooks: its last counts go now
     history.flush_quietly()
 
