@@ -48,7 +48,7 @@ def fire(schedule_id: int, now: datetime | None = None) -> Decision | None:
         return decision
     due = decision.due
     if decision.action == "skip":
-        _record(schedule, due, now, Schedule.Outcome.SKIPPED, skipped=decision.missed + 1,
+        _record(schedule, due, now, "skipped", skipped=decision.missed + 1,
                 reason=f"late by {(now - due).total_seconds():.0f} s (policy skip)")
         return decision
     result = dispatch.delay(
@@ -61,11 +61,11 @@ def fire(schedule_id: int, now: datetime | None = None) -> Decision | None:
     if result.accepted or (result.reason == "idempotency_conflict" and result.task_id):
         # Accepted, a duplicate (another beat, or this one before a restart, fired this due time)
         # or a conflict (it did, before the payload was edited): the due time is fired, once.
-        _record(schedule, due, now, Schedule.Outcome.FIRED, skipped=decision.missed, reason=note,
+        _record(schedule, due, now, "fired", skipped=decision.missed, reason=note,
                 task_id=result.task_id or "")
     else:
         detail = f"{result.reason}: {result.detail}" if result.detail else str(result.reason)
-        _record(schedule, due, now, Schedule.Outcome.REFUSED, skipped=decision.missed, reason=detail[:500])
+        _record(schedule, due, now, "refused", skipped=decision.missed, reason=detail[:500])
         logger.warning("schedule_refused schedule=%s due=%s reason=%s", schedule.name, due.isoformat(), detail)
     return decision
 
@@ -74,9 +74,9 @@ def _record(schedule: Schedule, due: datetime, now: datetime, outcome: str, *, s
             task_id: str = "") -> bool:
     """Record the due time's outcome unless a later or equal one is recorded already; whether it was."""
     counts: dict[str, Any] = {"skipped_count": F("skipped_count") + skipped}
-    if outcome == Schedule.Outcome.FIRED:
+    if outcome == "fired":
         counts["fired_count"] = F("fired_count") + 1
-    elif outcome == Schedule.Outcome.REFUSED:
+    elif outcome == "refused":
         counts["refused_count"] = F("refused_count") + 1
     changed = (Schedule.objects.filter(Q(last_due_at__isnull=True) | Q(last_due_at__lt=due), pk=schedule.pk)
                .update(last_due_at=due, last_fired_at=now, last_outcome=outcome, last_reason=reason,

@@ -386,7 +386,8 @@ class Schedule(models.Model):
     name = models.CharField("name", max_length=100, unique=True, validators=[validate_type_name])
     task_type = models.ForeignKey(TaskType, on_delete=models.PROTECT, related_name="schedules",
                                   verbose_name="task type", help_text="What each fire dispatches.")
-    payload = models.JSONField("payload", default=dict, blank=True, help_text="A JSON object, sent as each fire's payload.")
+    payload = models.JSONField("payload", default=dict, blank=True,
+                               help_text="A JSON object, sent as each fire's payload.")
     chat_id = models.CharField("chat id", max_length=MAX_CHAT_ID_LEN, blank=True,
                                help_text="The chat each fire is queued in (a chat-scoped type needs one).")
     limit_key = models.CharField("limit key", max_length=MAX_LIMIT_KEY_LEN, blank=True,
@@ -394,7 +395,8 @@ class Schedule(models.Model):
     priority = models.PositiveSmallIntegerField("priority", null=True, blank=True,
                                                 help_text="0..9; empty: the task type's priority.")
     interval = models.ForeignKey(IntervalSchedule, on_delete=models.PROTECT, null=True, blank=True,
-                                 verbose_name="interval", help_text="Every N periods (one of interval, crontab, one-off).")
+                                 verbose_name="interval",
+                                 help_text="Every N periods (one of interval, crontab, one-off).")
     crontab = models.ForeignKey(CrontabSchedule, on_delete=models.PROTECT, null=True, blank=True,
                                 verbose_name="crontab", help_text="Minutes, hours, days in the crontab's time zone.")
     clocked = models.ForeignKey(ClockedSchedule, on_delete=models.PROTECT, null=True, blank=True,
@@ -482,7 +484,7 @@ class Schedule(models.Model):
     def decide(self, now: datetime) -> schedules.Decision:
         since = None if self.clocked_id is not None else self.since_at
         return schedules.decide(self.definition(), now, last_due=self.last_due_at, since=since,
-                                policy=self.missed)  # type: ignore[arg-type]
+                                policy=self.missed)
 
     def next_fire(self, now: datetime | None = None) -> datetime | None:
         """When the schedule fires next (None: paused, or a one-off that has fired)."""
@@ -499,7 +501,7 @@ class Schedule(models.Model):
                 self.since_at = timezone.now()
         if self.pk is None:
             self.anchor_at = self.anchor_at.replace(microsecond=0)
-        super().save(*args, **kwargs)  # type: ignore[arg-type]
+        super().save(*args, **kwargs)
         sync_periodic_task(self)
 
 
