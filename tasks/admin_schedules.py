@@ -12,6 +12,17 @@ from django.core.exceptions import ValidationError
 from tasks.models import Schedule
 
 
+def json_kind(value: Any) -> str:
+    """The JSON name of a decoded value's kind, for an error a user reads."""
+    if isinstance(value, bool):
+        return "true/false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float)):
+        return "a number"
+    return "an array" if isinstance(value, list) else "a string" if isinstance(value, str) else type(value).__name__
+
+
 class PayloadField(forms.JSONField):
     """A JSON object, or an error that says what the text is instead."""
 
@@ -20,7 +31,7 @@ class PayloadField(forms.JSONField):
     def to_python(self, value: Any) -> Any:
         converted = super().to_python(value)
         if not isinstance(converted, dict):
-            raise ValidationError(f"Payload must be a JSON object ({{...}}), not {type(converted).__name__}.",
+            raise ValidationError(f"Payload must be a JSON object ({{...}}), not {json_kind(converted)}.",
                                   code="not_object")
         try:
             json.dumps(converted, ensure_ascii=False).encode("utf-8")

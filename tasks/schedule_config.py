@@ -62,8 +62,8 @@ def _crontab(where: str, spec: Any) -> CrontabSchedule:
     bad = [f for f, v in fields.items() if not isinstance(v, str)]
     if bad or not isinstance(spec.get("timezone", "UTC"), str):
         raise ConfigError(f"{where}: crontab: {', '.join(bad) or 'timezone'} must be text")
-    row = CrontabSchedule(**fields, timezone=spec.get("timezone", "UTC"))
     try:
+        row = CrontabSchedule(**fields, timezone=spec.get("timezone", "UTC"))  # the zone is read here
         row.full_clean()
     except ValidationError as exc:
         raise ConfigError(f"{where}: crontab: {_problems(exc)}") from None
