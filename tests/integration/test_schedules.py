@@ -158,3 +158,23 @@ def test_the_dashboard_shows_each_schedules_next_fire_and_last_outcome(client):
     part = part[:part.index("</tr>")]
     assert decision.next_due.strftime("%Y-%m-%d %H:%M:%S") in part
     assert "<strong>refused</strong>: <span data-field=\"reason\">lane_closed" in part
+
+
+def test_the_readmes_daily_digest_applies_and_is_due_at_nine_in_berlin():
+    import json
+    from pathlib import Path
+    from zoneinfo import ZoneInfo
+
+    from tasks.schedules import latest_due, next_due
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("<!-- schedules-example -->", 1)[1].split("```json\n", 1)[1].split("\n```", 1)[0]
+    example = json.loads(block)
+    assert example["schedules"][0]["task_type"] == "demo.echo"  # make run's default type; here a fresh one
+    entry = {**example["schedules"][0], "name": unique("digest"), "task_type": define(unique("digest")).name}
+    assert apply_config({"schedules": [entry]}) == {"retry_policies": 0, "lanes": 0, "task_types": 0, "schedules": 1}
+    defn = Schedule.objects.get(name=entry["name"]).definition()
+    winter = next_due(defn, datetime(2026, 12, 2, 9, tzinfo=UTC))
+    summer = latest_due(defn, datetime(2027, 7, 1, 12, tzinfo=UTC))
+    assert winter == datetime(2026, 12, 3, 8, tzinfo=UTC) and summer == datetime(2027, 7, 1, 7, tzinfo=UTC)
+    assert {d.astimezone(ZoneInfo("Europe/Berlin")).hour for d in (winter, summer)} == {9}
