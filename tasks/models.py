@@ -4,6 +4,7 @@ import json
 import math
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -494,15 +495,27 @@ class Schedule(models.Model):
         decision = self.decide(now)
         return decision.due if decision.action == "fire" else decision.next_due
 
-    def save(self, *args: object, **kwargs: object) -> None:
-        if self.pk is not None and self.enabled:
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save the definition; an existing row's fire state is beat's (``tasks.beat``) and is left as stored.
+
+        An admin form opened before a fire and saved after it would otherwise
+        write the old last due time and counts back.
+        """
+        if self.pk is not None and not kwargs.get("force_insert") and kwargs.get("update_fields") is None:
             was = Schedule.objects.filter(pk=self.pk).values_list("enabled", flat=True).first()
-            if was is False:  # resumed: the paused span is not caught up
-                self.since_at = timezone.now()
+            if was is not None:
+                if self.enabled and was is False:  # resumed: the paused span is not caught up
+                    self.since_at = timezone.now()
+                kwargs["update_fields"] = DEFINITION_FIELDS
         if self.pk is None:
             self.anchor_at = self.anchor_at.replace(microsecond=0)
         super().save(*args, **kwargs)
         sync_periodic_task(self)
+
+
+#: What a save of an existing schedule writes (the rest is its fire state, written by beat).
+DEFINITION_FIELDS = ("name", "task_type", "payload", "chat_id", "limit_key", "priority", "interval", "crontab",
+                     "clocked", "missed", "enabled", "since_at")
 
 
 def sync_periodic_task(schedule: Schedule) -> PeriodicTask:

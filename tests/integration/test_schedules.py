@@ -178,3 +178,19 @@ def test_the_readmes_daily_digest_applies_and_is_due_at_nine_in_berlin():
     summer = latest_due(defn, datetime(2027, 7, 1, 12, tzinfo=UTC))
     assert winter == datetime(2026, 12, 3, 8, tzinfo=UTC) and summer == datetime(2027, 7, 1, 7, tzinfo=UTC)
     assert {d.astimezone(ZoneInfo("Europe/Berlin")).hour for d in (winter, summer)} == {9}
+
+
+def test_saving_a_schedule_opened_before_a_fire_keeps_the_fire_state():
+    tt = define(unique("stale"), lane=unique("tsch"))
+    interval, _ = IntervalSchedule.objects.get_or_create(every=3600, period="seconds")
+    row = Schedule.objects.create(name=unique("stale"), task_type=tt, interval=interval)
+    back = row.anchor_at - timedelta(hours=1, seconds=5)
+    Schedule.objects.filter(pk=row.pk).update(anchor_at=back, since_at=back)
+    opened = Schedule.objects.get(pk=row.pk)  # an operator's form, opened now
+    assert beat.fire(row.pk).action == "fire"
+    opened.payload = {"edited": True}
+    opened.save()
+    saved = Schedule.objects.get(pk=row.pk)
+    assert saved.payload == {"edited": True}
+    assert (saved.fired_count, saved.last_outcome, saved.last_due_at) == (1, "fired", back + timedelta(hours=1))
+    assert beat.fire(row.pk).action == "wait"  # the due time is not fired again
