@@ -125,6 +125,14 @@ class Scheduler(DatabaseScheduler):
 
     Entry = Entry
 
+    def enabled_models_qs(self) -> Any:
+        """Every platform schedule, besides what the stock scheduler loads.
+
+        The stock one leaves out a crontab whose hour is more than two hours
+        away, so a beat back at 13:00 would not see the 09:00 it missed.
+        """
+        return super().enabled_models_qs() | self.Model.objects.enabled().filter(task=FIRE_TASK)
+
     def apply_entry(self, entry: Any, producer: Any = None) -> None:
         schedule_id = entry.platform_schedule_id() if isinstance(entry, Entry) else None
         if schedule_id is None:

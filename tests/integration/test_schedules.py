@@ -194,3 +194,18 @@ def test_saving_a_schedule_opened_before_a_fire_keeps_the_fire_state():
     assert saved.payload == {"edited": True}
     assert (saved.fired_count, saved.last_outcome, saved.last_due_at) == (1, "fired", back + timedelta(hours=1))
     assert beat.fire(row.pk).action == "wait"  # the due time is not fired again
+
+
+def test_beat_loads_a_crontab_schedule_whatever_the_hour_so_a_missed_one_is_caught_up():
+    from celery import current_app
+    from django_celery_beat.models import CrontabSchedule
+    from django_celery_beat.schedulers import DatabaseScheduler
+
+    far_hour = str((datetime.now(UTC).hour + 12) % 24)
+    crontab, _ = CrontabSchedule.objects.get_or_create(minute="0", hour=far_hour, day_of_week="*",
+                                                       day_of_month="*", month_of_year="*", timezone="UTC")
+    row = Schedule.objects.create(name=unique("far"), task_type=define(unique("far"), lane="t-sched"),
+                                  crontab=crontab)
+    app = current_app._get_current_object()
+    assert row.periodic_task_id not in [m.pk for m in DatabaseScheduler(app=app, lazy=True).enabled_models()]
+    assert row.periodic_task_id in [m.pk for m in beat.Scheduler(app=app, lazy=True).enabled_models()]
