@@ -84,35 +84,42 @@ def test_two_beats_at_once_fire_every_due_time_exactly_once(rc, start_beat):
     assert row.skipped_count == start  # the due times before the beats ran, jumped over by the first fire
 
 
-def test_a_beat_killed_mid_fire_and_restarted_loses_no_fire_and_doubles_none(rc, start_beat):
+def test_a_due_time_passed_while_beat_restarts_is_fired_after_it_once_even_if_sent_mid_fire(rc, start_beat):
+    """Hourly schedules whose due time falls while beat is down: the restarted beat fires each, once.
+
+    One of them the killed beat had sent but not recorded (a crash mid-fire):
+    the restarted beat's dispatch is answered ``duplicate`` and records that task.
+    (Hourly, so a restart's seconds, many under load, stay well inside one period.)
+    """
     from tasks.dispatch import dispatch
     from tasks.models import Schedule
-    from tasks.schedules import fire_key, next_due
+    from tasks.schedules import fire_key
 
-    name = unique("schr")
-    lane = unique("tsch")
-    schedule = _schedule(name, lane, every_s=6, missed="once")
-    # The grid shifted so the first due time is in a moment (the beat's start takes a second or two).
-    anchor = datetime.now(UTC).replace(microsecond=0) - timedelta(seconds=5)
-    Schedule.objects.filter(pk=schedule.pk).update(anchor_at=anchor, since_at=anchor)
-    schedule.refresh_from_db()
-    beat = start_beat()
-    wait_until(lambda: Schedule.objects.get(pk=schedule.pk).fired_count >= 1, timeout=30, what="a first fire")
-    beat.kill()
-    before = Schedule.objects.get(pk=schedule.pk)
-    due = next_due(schedule.definition(), before.last_due_at)
-    wait_until(lambda: datetime.now(UTC) > due, timeout=10, what="the next due time, beat down")
-    # The killed beat had sent this due time's dispatch but not recorded it: admission has its task.
-    sent = dispatch.delay(name, {"n": 1}, idempotency_key=fire_key(schedule.pk, due))
+    first = start_beat()
+    lanes, rows = {}, {}
+    due = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=2)
+    for case in ("plain", "mid-fire"):
+        lanes[case] = unique("tsch")
+        row = _schedule(unique(f"schr-{case}"), lanes[case], every_s=3600, missed="once")
+        anchor = due - timedelta(hours=1)  # the first due time two seconds from now, beat down by then
+        Schedule.objects.filter(pk=row.pk).update(anchor_at=anchor, since_at=anchor)
+        rows[case] = row
+    first.kill()
+    wait_until(lambda: datetime.now(UTC) > due, timeout=10, what="the due time, beat down")
+    assert all(Schedule.objects.get(pk=r.pk).last_due_at is None for r in rows.values())
+    # The killed beat had sent this one's dispatch but not recorded it: admission has its task.
+    sent = dispatch.delay(rows["mid-fire"].task_type.name, {"n": 1},
+                          idempotency_key=fire_key(rows["mid-fire"].pk, due))
     assert sent.accepted and not sent.duplicate
-    start_beat()  # a restart well within the period (6 s): the due time is this beat's to fire
-    wait_until(lambda: Schedule.objects.get(pk=schedule.pk).last_due_at == due, timeout=30,
-               what="the due time of the crash recorded after the restart")
-    after = Schedule.objects.get(pk=schedule.pk)
-    assert _fired_tasks(rc, schedule, [before.last_due_at, due]) == [before.last_task_id, sent.task_id]
-    assert (after.last_outcome, after.last_task_id) == ("fired", sent.task_id)
-    assert after.fired_count == before.fired_count + 1 and after.skipped_count == before.skipped_count == 0
-    assert lane_depth(rc, lane) == 2  # the first fire and the crash's: none made twice
+    start_beat()
+    wait_until(lambda: all(Schedule.objects.get(pk=r.pk).last_due_at == due for r in rows.values()), timeout=60,
+               what="both due times recorded after the restart")
+    plain, mid = (Schedule.objects.get(pk=r.pk) for r in rows.values())
+    for row, case in ((plain, "plain"), (mid, "mid-fire")):
+        assert (row.last_outcome, row.fired_count, row.skipped_count) == ("fired", 1, 0), case
+        assert _fired_tasks(rc, row, [due]) == [row.last_task_id], case
+        assert lane_depth(rc, lanes[case]) == 1, case  # fired once: none lost, none made twice
+    assert mid.last_task_id == sent.task_id  # the crashed beat's task, not a second one
 
 
 def test_after_a_gap_once_fires_one_catch_up_skip_fires_none_and_a_refused_fire_says_why(rc, start_beat):
