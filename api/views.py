@@ -43,7 +43,7 @@ from api.schemas import (
 from lanes import records
 from lanes.redis_client import get_redis
 from tasks import cancel as cancelling
-from tasks import config
+from tasks import config, tracing
 from tasks import history_view as task_history
 from tasks.admission import rejected_invalid, unavailable
 from tasks.dispatch import DispatchResult, admit, dispatch_many
@@ -212,7 +212,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
         scoped, result = _scoped(room, options, time.time())
         if result is None:
             task_id = tenancy.task_id_prefix(caller.token_id) + str(uuid.uuid4())
-            result = _shown(room, admit(data.task_type, data.payload, _task_id=task_id, **scoped), options)
+            with tracing.remote_parent(request.headers):  # a W3C traceparent header: the dispatch's parent
+                result = _shown(room, admit(data.task_type, data.payload, _task_id=task_id, **scoped), options)
     assert result is not None
     _audit(request, caller, "dispatch", data.task_type, [result])
     status = statuses.status_for(result.accepted, result.reason)
@@ -241,7 +242,8 @@ def dispatch_bulk(request: HttpRequest, data: BulkIn) -> JsonResponse:
         assert refused is not None
         results = [refused] * len(data.items)
     else:
-        results = _bulk(caller, room, data)
+        with tracing.remote_parent(request.headers):
+            results = _bulk(caller, room, data)
     _audit(request, caller, "bulk", data.task_type, results)
     accepted = sum(1 for r in results if r.accepted)
     return _json(request, 200, {"accepted": accepted, "rejected": len(results) - accepted,

@@ -158,12 +158,13 @@ def prepare(
     snap: config.Snapshot, task_type: Any, payload: Any, *, task_id: str, context: ChunkContext,
     chat_id: Any = None, priority: Any = None, idempotency_key: Any = None, timeout: Any = None,
     metadata: Any = None, limit_key: Any = None, countdown: Any = None, eta: Any = None, retry_policy: Any = None,
-    dedupe_key: Any = None,
+    dedupe_key: Any = None, trace: dict[str, str] | None = None,
 ) -> Prepared:
     """Validate one dispatch against ``snap`` and build its message; raise ``Invalid`` naming what is wrong.
 
     Every dispatch goes through here, one alone or many in a chunk (``tasks.bulk``),
-    so all accept and refuse exactly the same input.
+    so all accept and refuse exactly the same input. ``trace``: the caller's trace
+    context (``tasks.tracing.dispatching``), never a caller's option.
     """
     tc = snap.types.get(task_type) if isinstance(task_type, str) else None
     if tc is None:
@@ -193,7 +194,7 @@ def prepare(
         type=tc.name, lane=tc.lane, priority=checked.priority, attempt=1,
         deadline=now + checked.timeout_s, dispatched_at=now, chat=chat,
         key=checked.idempotency_key, meta=checked.metadata or None, policy=retry_policy or "",
-        due=due or 0.0,
+        due=due or 0.0, trace=trace,
     )
     soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
     message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit, context.grace_s)
@@ -210,7 +211,7 @@ def prepare(
 #: in bulk items: an option added to ``prepare`` is accepted everywhere at once.
 DISPATCH_OPTIONS = frozenset(
     name for name, param in inspect.signature(prepare).parameters.items()
-    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "context")
+    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "context", "trace")
 )
 
 

@@ -30,7 +30,7 @@ from lanes import memory_guard
 from lanes.forksafe import ForkSafeLock
 from lanes.lua import admit
 from lanes.lua.loader import NotSent
-from tasks import config
+from tasks import config, tracing
 from tasks.admission import (
     DISPATCH_OPTIONS,
     DispatchResult,
@@ -98,7 +98,15 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
         snap = config.current()
     except redis.RedisError as exc:
         return [unavailable(exc, None) for _ in entries]
-    defaults = {"timeout": timeout, "metadata": metadata}
+    with tracing.dispatching(task_type, len(entries)) as traced:
+        defaults = traced.carry({"timeout": timeout, "metadata": metadata})
+        _admit_items(task_type, snap, entries, defaults, id_prefix, results)
+        traced.answered(results)
+    return results  # type: ignore[return-value]  # Admission.run fills every slot left
+
+
+def _admit_items(task_type: str, snap: config.Snapshot, entries: list[Any], defaults: dict[str, Any],
+                 id_prefix: str, results: list[DispatchResult | None]) -> None:
     queue: deque[tuple[int, Any, dict[str, Any], str]] = deque()
     task_ids = new_task_ids(len(entries))
     if id_prefix:
@@ -111,7 +119,6 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
             continue
         queue.append((index, payload, options, task_id))
     Admission(task_type, snap, results).run(queue)
-    return results  # type: ignore[return-value]  # Admission.run fills every slot left
 
 
 def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id: str,
@@ -122,7 +129,10 @@ def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id:
     together, a chunk per task type in one round trip (``Joiner``): eight threads dispatching at once
     pay about one round trip for each turn, not eight. A call on an idle process goes at once.
     """
-    return _JOINER.admit(Waiting(task_type, payload, options, task_id, replace_idempotency))
+    with tracing.dispatching(task_type, 1) as traced:  # in the caller's thread: a turn may run in another's
+        result = _JOINER.admit(Waiting(task_type, payload, traced.carry(options), task_id, replace_idempotency))
+        traced.answered([result])
+    return result
 
 
 def _admit_now(entries: list[Waiting]) -> None:
