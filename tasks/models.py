@@ -375,6 +375,9 @@ class DeadLetter(models.Model):
         return f"{self.task_type} {self.task_id} ({self.reason})"
 
 
+#: Shortest idempotency window a scheduled type may have, in seconds: a fire's key must outlive
+#: the race of two beats and a beat's restart between its dispatch and its record.
+MIN_SCHEDULE_KEY_WINDOW_S = 300
 #: The Celery task name the derived PeriodicTask names (tasks.beat.fire_schedule).
 FIRE_TASK = "tasks.fire_schedule"
 #: Prefix of the derived PeriodicTask's name (its names are unique across beat's table).
@@ -477,6 +480,11 @@ class Schedule(models.Model):
             errors["priority"] = "Priority must be 0..9 (or empty for the type's)."
         task_type = self.task_type if self.task_type_id is not None else None
         if task_type is not None:
+            if task_type.idempotency_window < MIN_SCHEDULE_KEY_WINDOW_S:
+                errors["task_type"] = (f"Task type '{task_type.name}' keeps idempotency keys "
+                                       f"{task_type.idempotency_window} s; a schedule needs at least "
+                                       f"{MIN_SCHEDULE_KEY_WINDOW_S} s (each fire's key is what stops two beats "
+                                       f"firing one due time twice).")
             if task_type.chat_scoped and not self.chat_id:
                 errors["chat_id"] = f"Task type '{task_type.name}' is chat-scoped: a chat id is required."
             if isinstance(self.payload, dict) and "payload" not in errors:

@@ -99,7 +99,11 @@ def documents(draw) -> dict:
             types.append(draw(task_types(f"{prefix}.t{i}", lane, policy)))
     if not types:
         return {"retry_policies": pols, "lanes": lns, "task_types": types}
-    scheds = [draw(schedules(f"{prefix}-s{i}", draw(st.sampled_from(types)))) for i in range(draw(st.integers(0, 2)))]
+    from tasks.models import MIN_SCHEDULE_KEY_WINDOW_S
+
+    keeping = [t for t in types if t["idempotency_window"] >= MIN_SCHEDULE_KEY_WINDOW_S]  # a schedulable type
+    scheds = [draw(schedules(f"{prefix}-s{i}", draw(st.sampled_from(keeping))))
+              for i in range(draw(st.integers(0, 2)) if keeping else 0)]
     return {"retry_policies": pols, "lanes": lns, "task_types": types, "schedules": scheds}
 
 

@@ -209,3 +209,12 @@ def test_beat_loads_a_crontab_schedule_whatever_the_hour_so_a_missed_one_is_caug
     app = current_app._get_current_object()
     assert row.periodic_task_id not in [m.pk for m in DatabaseScheduler(app=app, lazy=True).enabled_models()]
     assert row.periodic_task_id in [m.pk for m in beat.Scheduler(app=app, lazy=True).enabled_models()]
+
+
+def test_a_type_that_forgets_idempotency_keys_at_once_cannot_be_scheduled():
+    prefix = unique("cfw")
+    data = {**config(prefix, idempotency_window=0),
+            "schedules": [{"name": f"{prefix}-s", "task_type": f"{prefix}.echo", "interval": {"every": 5}}]}
+    with pytest.raises(ConfigError, match=re.escape(f"schedules[0] '{prefix}-s': task_type: Task type "
+                                                    f"'{prefix}.echo' keeps idempotency keys 0 s")):
+        apply_config(data)
