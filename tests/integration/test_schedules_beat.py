@@ -74,7 +74,8 @@ def test_two_beats_at_once_fire_every_due_time_exactly_once(rc, start_beat):
     dues = [d for d in _grid(schedule, first, row.last_due_at)]
     tasks = _fired_tasks(rc, schedule, dues)
     # The first due times may precede the beats' start (one catch-up fire covers them): from the first fired on.
-    start = next(i for i, t in enumerate(tasks) if t)
+    start = next((i for i, t in enumerate(tasks) if t), None)
+    assert start is not None, f"no due time's key names a task: {dues}"
     fired = tasks[start:]
     assert None not in fired, f"due times never fired: {[d for d, t in zip(dues[start:], fired, strict=True) if not t]}"
     assert len(set(fired)) == len(fired)
