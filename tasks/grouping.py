@@ -5,18 +5,24 @@ request machinery in the worker's main process (a ``Request``, its strategy,
 the pool's bookkeeping), then a round trip to claim, one to finish, and a
 statement for the result row. Here, on a thread-pool worker, a platform
 message reaches :func:`strategy` (Celery's ``Task.Strategy`` extension point,
-named on ``HandlerTask``) and goes to the process's :class:`Runner`, which
+named on ``HandlerTask``) and goes to the process's :class:`Runner`, whose
+run threads share the work (no claimer or finisher thread: each hop between
+threads was a wake-up under a busy scheduler, four per task):
 
-- claims every message delivered since its last claim in one call
-  (``claim_group.lua``: each item exactly as ``start.lua`` claims one);
-- runs each handler on a thread of its own, so a slow task never holds back
+- a thread that finds delivered messages and no Redis call in progress claims
+  them all in one call (``claim_group.lua``: each item exactly as
+  ``start.lua`` claims one), runs the first itself and leaves the rest to the
+  threads waiting;
+- each handler runs on a thread of its own, so a slow task never holds back
   the others claimed with it (a 20 ms and a 2 s handler finish at 20 ms and 2 s);
-- records the succeeded attempts finished since its last flush in one call
-  (``finish_batch.lua``) and their result rows in one statement, then acks
-  each message and sends its Celery events (folded: ``tasks.worker_events``)
-  and signals;
-- takes a failing attempt through the single path's steps
-  (``Attempt.outcome_of``: retry, dead letter, cancel), one by one.
+- a success waits for the next call: the same thread makes it on its next
+  turn unless another is already in one, which then takes it along (group
+  commit: one finish in an idle worker, many under load). That call records
+  the succeeded attempts in one ``finish_batch.lua`` call and their result
+  rows in one statement (``results.store_rows``), then acks each message and
+  sends its Celery events (folded: ``tasks.worker_events``) and signals;
+- a failing attempt takes the single path's steps (``Attempt.outcome_of``:
+  retry, dead letter, cancel), one by one.
 
 Grouping is an optimisation, never a change of meaning: each task keeps its
 own claim and lease, attempt count, deadline, chat order (only a chat's head
@@ -38,10 +44,10 @@ import functools
 import json
 import logging
 import os
-import queue
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -143,11 +149,8 @@ class Item:
             leases.release(self.attempt.record)
 
 
-_STOP = object()
-
-
 class Runner:
-    """A worker process's group runner (see the module docstring): claimer, threads, finisher, watchdog."""
+    """A worker process's group runner (see the module docstring): run threads that claim and finish, a watchdog."""
 
     _by_consumer: dict[int, Runner] = {}
     _lock = threading.Lock()
@@ -171,10 +174,15 @@ class Runner:
         self.size = max(1, int(getattr(consumer.pool, "limit", None) or 1))
         self.stuck_max = settings.DISPATCH_STUCK_THREADS_MAX or self.size
         self.connection_errors = consumer.connection_errors
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._runs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._mutex = threading.Lock()
+        # The run threads' shared work, under the mutex: messages not yet claimed, claimed ones waiting
+        # for a thread, and successes waiting for their finish. One thread at a time makes the Redis
+        # call that claims and finishes what has gathered (``_calling``); the others run handlers.
+        self._work = threading.Condition(self._mutex)
+        self._fresh: deque[Item] = deque()
+        self._ready: deque[Item] = deque()
+        self._pending: list[tuple[Item, Any, str]] = []
+        self._calling = False
         self._running: dict[int, Item] = {}
         self._in_flight = 0
         self._idle = threading.Condition(self._mutex)
@@ -185,8 +193,6 @@ class Runner:
         controller = getattr(consumer, "controller", None)
         if controller is not None:  # read by the worker's heartbeat (lanes.worker.HeartbeatStep)
             controller.dispatch_stuck_threads = lambda: self.stuck
-        self._start("dispatch-claim", self._claim_forever)
-        self._start("dispatch-finish", self._finish_forever)
         self._start("dispatch-watch", self._watch_forever)
         for _ in range(self.size):
             self._add_thread()
@@ -228,13 +234,14 @@ class Runner:
         return Item(attempt, message, ack, reject, headers.get("shadow") or task.name)
 
     def submit(self, item: Item) -> None:
-        with self._mutex:
-            self._in_flight += 1
         try:
             self._received(item)
         except Exception:
             logger.warning("received_event_not_sent task=%s", item.attempt.task_id, exc_info=True)
-        self._inbox.put(item)
+        with self._work:
+            self._in_flight += 1
+            self._fresh.append(item)
+            self._work.notify()
 
     def _received(self, item: Item) -> None:
         events = self.events
@@ -244,22 +251,52 @@ class Runner:
                              kwargs=request.kwargsrepr, root_id=request.id, parent_id=None,
                              retries=request.retries, eta=None, expires=None)
 
-    # -- claiming --------------------------------------------------------------
-    def _claim_forever(self) -> None:
-        while True:
-            group = _drain(self._inbox, GROUP_MAX)
-            try:
-                self._claim(group)
-            except Exception:
-                logger.exception("group_claim_failed items=%d", len(group))
-                for item in group:
-                    self._runs.put(item)
+    # -- claiming and finishing: whichever run thread finds no call in progress -------------------
+    def _step(self, fresh: list[Item], done: list[tuple[Item, Any, str]]) -> None:
+        """Claim what was delivered and finish what succeeded since the last call; this thread runs the first
+        claimed item itself (no hand-off in steady flow), the others go to the threads waiting."""
+        mine: Item | None = None
+        try:
+            if fresh:
+                claimed = self._claim_all(fresh)
+                if claimed:
+                    mine = claimed[0]
+                    if len(claimed) > 1:
+                        with self._work:
+                            self._ready.extend(claimed[1:])
+                            self._work.notify(len(claimed) - 1)
+            if done:
+                self._finish_all(done)
+        finally:
+            with self._work:
+                self._calling = False
+                if self._fresh or self._pending:
+                    self._work.notify()
+        if mine is not None:
+            self._run(mine)
 
-    def _claim(self, group: list[Item]) -> None:
+    def _claim_all(self, group: list[Item]) -> list[Item]:
+        try:
+            return self._claim(group)
+        except Exception:
+            logger.exception("group_claim_failed items=%d", len(group))
+            return group  # unclaimed: the single path claims (or answers) each
+
+    def _finish_all(self, done: list[tuple[Item, Any, str]]) -> None:
+        try:
+            self._finish(done)
+        except Exception:
+            logger.exception("group_finish_failed items=%d", len(done))
+            for item, _, _ in done:
+                item.release()
+                self._end(item)
+
+    def _claim(self, group: list[Item]) -> list[Item]:
+        """Claimed in one call; returns the items to run (each claimed, or unclaimed for the single path)."""
         if self.stopping:
             for item in group:
                 self._hand_back(item)
-            return
+            return []
         now = time.time()
         process = leases.process_id()
         members = []
@@ -284,7 +321,7 @@ class Runner:
             logger.warning("group_claims_unconfirmed items=%d error=%s: not run", len(group), exc)
             for item in group:
                 self._end(item)
-            return
+            return []
         leases.keep_alive()
         for item, claim in zip(group, answer.claims, strict=True):
             if claim.status == "run":
@@ -293,7 +330,7 @@ class Runner:
                 item.hold()
             else:
                 item.attempt.owner = ""  # the single path claims (or answers) it again, with its own owner
-            self._runs.put(item)
+        return group
 
     # -- running ---------------------------------------------------------------
     def _add_thread(self) -> None:
@@ -303,23 +340,42 @@ class Runner:
 
     def _run_forever(self) -> None:
         while True:
-            item = self._runs.get()
-            if item is _STOP:
-                return
-            try:
-                if item.claimed:
-                    self._run_claimed(item)
-                else:
-                    self._run_single(item)
-            except Exception:
-                logger.exception("group_item_failed task=%s", item.attempt.task_id)
-                item.release()
-                self._end(item)
-            with self._mutex:
-                # A thread that came back from an abandoned attempt leaves when its replacement runs.
-                if self._threads > self.size + self.stuck:
-                    self._threads -= 1
-                    return
+            fresh: list[Item] = []
+            done: list[tuple[Item, Any, str]] = []
+            with self._work:
+                while True:
+                    # A thread that came back from an abandoned attempt leaves when its replacement runs.
+                    if self._threads > self.size + self.stuck:
+                        self._threads -= 1
+                        if self._ready or self._fresh or self._pending:
+                            self._work.notify()
+                        return
+                    if self._ready:
+                        item: Item | None = self._ready.popleft()
+                        break
+                    if not self._calling and (self._fresh or self._pending):
+                        self._calling = True
+                        item = None
+                        while self._fresh and len(fresh) < GROUP_MAX:
+                            fresh.append(self._fresh.popleft())
+                        done, self._pending[:GROUP_MAX] = self._pending[:GROUP_MAX], []
+                        break
+                    self._work.wait()
+            if item is None:
+                self._step(fresh, done)
+            else:
+                self._run(item)
+
+    def _run(self, item: Item) -> None:
+        try:
+            if item.claimed:
+                self._run_claimed(item)
+            else:
+                self._run_single(item)
+        except Exception:
+            logger.exception("group_item_failed task=%s", item.attempt.task_id)
+            item.release()
+            self._end(item)
 
     def _run_single(self, item: Item) -> None:
         """Anything but a plain 'run' claim (finished, busy, poison, stale, ...): the single path decides."""
@@ -384,7 +440,8 @@ class Runner:
             item.release()
             self._complete(item, exc)
             return
-        self._done.put((item, result, result_json))
+        with self._work:  # this thread finishes it on its next turn, unless another call takes it first
+            self._pending.append((item, result, result_json))
 
     # -- the watchdog ----------------------------------------------------------
     def _watch_forever(self) -> None:
@@ -460,17 +517,6 @@ class Runner:
                                              kwargs={"payload": attempt.payload}, traceback=None, einfo=None)
         self._end(item, state=state)
 
-    def _finish_forever(self) -> None:
-        while True:
-            done = _drain(self._done, GROUP_MAX)
-            try:
-                self._finish(done)
-            except Exception:
-                logger.exception("group_finish_failed items=%d", len(done))
-                for item, _, _ in done:
-                    item.release()
-                    self._end(item)
-
     def _finish(self, done: list[tuple[Item, Any, str]]) -> None:
         finished_at = time.time()
         by_field: dict[str, list[tuple[Item, Any, str]]] = {}
@@ -504,35 +550,10 @@ class Runner:
 
     def _rows(self, rows: list[tuple[Item, Any, str]]) -> None:
         """Result rows in one statement; then their finished records may be settled."""
-        if not rows:
-            return
-        kept = []
-        for item, value, state in rows:
-            if results.keeps_row(item.name, state):
-                kept.append((item, value, state))
-            elif (settle := item.attempt.request.dispatch_settle) and settle[1] == state:
-                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
-        rows = kept
-        if not rows:
-            return
-        backend = rows[0][0].attempt.task.backend
-        try:
-            encoded = []
-            for item, value, state in rows:
-                request = item.attempt.request
-                row, _ = backend.result_row(request.id, backend.encode_result(value, state), state, None, request)
-                encoded.append(row)
-            results.upsert_rows(None, encoded, keep_ready=all(state not in states.READY_STATES
-                                                              for _, _, state in rows))
-        except Exception:
-            logger.exception("group_rows_not_stored items=%d", len(rows))
-            for item, _, _ in rows:
-                item.attempt.request.dispatch_settle = None
-            return
-        for item, _, state in rows:
-            settle = item.attempt.request.dispatch_settle
-            if settle and settle[1] == state:
-                leases.settle(settle[0])
+        if rows:
+            results.store_rows(rows[0][0].attempt.task.backend, [
+                results.Outcome(item.attempt.task_id, item.name, item.attempt.request, value, state)
+                for item, value, state in rows])
 
     def _end(self, item: Item, value: Any = None, state: str | None = None) -> None:
         """The message is done with: acked (its record tracks the task from here), events and signals sent."""
@@ -589,17 +610,6 @@ class Runner:
     @staticmethod
     def _start(name: str, target: Callable[[], None]) -> None:
         threading.Thread(target=target, name=name, daemon=True).start()
-
-
-def _drain(q: queue.SimpleQueue[Any], most: int) -> list[Any]:
-    """The next entry (waiting for it), and every other already waiting, up to ``most``."""
-    out = [q.get()]
-    while len(out) < most:
-        try:
-            out.append(q.get_nowait())
-        except queue.Empty:
-            break
-    return out
 
 
 def _short_repr(value: Any) -> str:
