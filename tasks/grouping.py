@@ -9,18 +9,20 @@ named on ``HandlerTask``) and goes to the process's :class:`Runner`, whose
 run threads share the work (no claimer or finisher thread: each hop between
 threads was a wake-up under a busy scheduler, four per task):
 
-- a thread that finds delivered messages and no Redis call in progress claims
-  them all in one call (``claim_group.lua``: each item exactly as
-  ``start.lua`` claims one), runs the first itself and leaves the rest to the
-  threads waiting;
+- a thread that finds work and no Redis call in progress makes one call
+  (``claim_group.lua``) that first finishes the successes gathered since the
+  last call (each exactly as ``finish.lua`` finishes one) and then claims
+  every message delivered since (each exactly as ``start.lua`` claims one);
+  it runs the first claimed item itself and leaves the rest to the threads
+  waiting;
 - each handler runs on a thread of its own, so a slow task never holds back
   the others claimed with it (a 20 ms and a 2 s handler finish at 20 ms and 2 s);
 - a success waits for the next call: the same thread makes it on its next
   turn unless another is already in one, which then takes it along (group
-  commit: one finish in an idle worker, many under load). That call records
-  the succeeded attempts in one ``finish_batch.lua`` call and their result
-  rows in one statement (``results.store_rows``), then acks each message and
-  sends its Celery events (folded: ``tasks.worker_events``) and signals;
+  commit: one finish in an idle worker, many under load, folded into the
+  next claim when messages are waiting). The successes' result rows go in one
+  statement (``results.store_rows``), then each message is acked and its
+  Celery events (folded: ``tasks.worker_events``) and signals are sent;
 - a failing attempt takes the single path's steps (``Attempt.outcome_of``:
   retry, dead letter, cancel), one by one.
 
@@ -60,8 +62,8 @@ from django.conf import settings
 
 from lanes import leases
 from lanes.histogram import bucket_label
-from lanes.lua.claim_group import GroupItem, claim_group
-from lanes.lua.finish_batch import DoneItem, Latencies, finish_batch
+from lanes.lua.claim_group import FinishTerms, GroupItem, claim_group
+from lanes.lua.finish_batch import DoneItem, Latencies, count_batch, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
 from lanes.messages import Envelope
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
@@ -71,6 +73,7 @@ from tasks.execution import (
     Attempt,
     Finished,
     bounded_result,
+    claim_terms,
     portable_exception,
     tombstone_ttl_s,
     until_answered,
@@ -253,12 +256,22 @@ class Runner:
 
     # -- claiming and finishing: whichever run thread finds no call in progress -------------------
     def _step(self, fresh: list[Item], done: list[tuple[Item, Any, str]]) -> None:
-        """Claim what was delivered and finish what succeeded since the last call; this thread runs the first
-        claimed item itself (no hand-off in steady flow), the others go to the threads waiting."""
+        """Finish what succeeded and claim what was delivered since the last call, in one call to Redis; this
+        thread runs the first claimed item itself (no hand-off in steady flow), the others go to the threads
+        waiting."""
         mine: Item | None = None
         try:
+            now = time.time()
+            if fresh and self.stopping:
+                for item in fresh:
+                    self._hand_back(item)
+                fresh = []
+            # The claims wait for the replicas' acks (DISPATCH_REPLICA_ACKS): there a finish goes in a call of
+            # its own, as ReplicaAcksMissing would lose its replies.
+            folded = done if settings.DISPATCH_REPLICA_ACKS <= 0 else []
+            finished: list[str] | None = None
             if fresh:
-                claimed = self._claim_all(fresh)
+                claimed, finished = self._claim(fresh, folded, now)
                 if claimed:
                     mine = claimed[0]
                     if len(claimed) > 1:
@@ -266,7 +279,7 @@ class Runner:
                             self._ready.extend(claimed[1:])
                             self._work.notify(len(claimed) - 1)
             if done:
-                self._finish_all(done)
+                self._finish(done, finished, now)
         finally:
             with self._work:
                 self._calling = False
@@ -275,29 +288,10 @@ class Runner:
         if mine is not None:
             self._run(mine)
 
-    def _claim_all(self, group: list[Item]) -> list[Item]:
-        try:
-            return self._claim(group)
-        except Exception:
-            logger.exception("group_claim_failed items=%d", len(group))
-            return group  # unclaimed: the single path claims (or answers) each
-
-    def _finish_all(self, done: list[tuple[Item, Any, str]]) -> None:
-        try:
-            self._finish(done)
-        except Exception:
-            logger.exception("group_finish_failed items=%d", len(done))
-            for item, _, _ in done:
-                item.release()
-                self._end(item)
-
-    def _claim(self, group: list[Item]) -> list[Item]:
-        """Claimed in one call; returns the items to run (each claimed, or unclaimed for the single path)."""
-        if self.stopping:
-            for item in group:
-                self._hand_back(item)
-            return []
-        now = time.time()
+    def _claim(self, group: list[Item], done: list[tuple[Item, Any, str]],
+               now: float) -> tuple[list[Item], list[str] | None]:
+        """Claimed in one call, with ``done`` finished first in it. Returns the items to run (each claimed, or
+        unclaimed for the single path) and the finish's replies (None: not finished, the call failed)."""
         process = leases.process_id()
         members = []
         counts = []
@@ -312,16 +306,20 @@ class Runner:
             counts.append((attempt.field, bucket_label(qlat) if env.attempt == 1 else "", qlat))
         try:
             answer = until_answered(lambda: claim_group(
-                items=members, now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
-                max_deliveries=settings.DISPATCH_MAX_DELIVERIES, process=process,
-                liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000), counts=counts,
+                items=members, now=now, counts=counts, done=_done_items(done), finish=_finish_terms(),
+                **claim_terms(),
             ), "claim_group", group[0].attempt.task_id)
         except ReplicaAcksMissing as exc:
             # As a single claim: not run; their leases bring them back once replicas keep up.
             logger.warning("group_claims_unconfirmed items=%d error=%s: not run", len(group), exc)
             for item in group:
                 self._end(item)
-            return []
+            return [], None
+        except Exception:
+            logger.exception("group_claim_failed items=%d", len(group))
+            for item in group:
+                item.attempt.owner = ""
+            return group, None  # unclaimed: the single path claims (or answers) each
         leases.keep_alive()
         for item, claim in zip(group, answer.claims, strict=True):
             if claim.status == "run":
@@ -330,7 +328,7 @@ class Runner:
                 item.hold()
             else:
                 item.attempt.owner = ""  # the single path claims (or answers) it again, with its own owner
-        return group
+        return group, answer.finished if done else None
 
     # -- running ---------------------------------------------------------------
     def _add_thread(self) -> None:
@@ -517,33 +515,41 @@ class Runner:
                                              kwargs={"payload": attempt.payload}, traceback=None, einfo=None)
         self._end(item, state=state)
 
-    def _finish(self, done: list[tuple[Item, Any, str]]) -> None:
-        finished_at = time.time()
-        by_field: dict[str, list[tuple[Item, Any, str]]] = {}
-        for entry in done:
-            by_field.setdefault(entry[0].attempt.field, []).append(entry)
-        rows = []
-        for field, entries in by_field.items():
-            elapsed = [finished_at - item.attempt.started_at for item, _, _ in entries]
-            replies = until_answered(functools.partial(
-                finish_batch,
-                items=[DoneItem(item.attempt.task_id, item.attempt.record, item.attempt.env.chat,
-                                bounded_result(result_json), item.attempt.owner)
-                       for item, _, result_json in entries],
-                now=finished_at, tombstone_ttl_s=tombstone_ttl_s(),
-                queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-                settle_lease_ms=int(settings.DISPATCH_LEASE_S * 1000), metric_field=field,
-                execution=Latencies.of(elapsed), busy_s=sum(elapsed), queue=Latencies({}, 0.0),
-            ), "finish_batch", entries[0][0].attempt.task_id)
-            for (item, result, _), reply in zip(entries, replies, strict=True):
+    def _finish(self, done: list[tuple[Item, Any, str]], replies: list[str] | None, finished_at: float) -> None:
+        """The successes' outcomes in Redis (``replies``: already recorded by the claim's call; else in a
+        ``finish_batch`` call here), then their rows in one statement, acks, events and signals."""
+        try:
+            if replies is None:
+                terms = _finish_terms()
+                replies = until_answered(functools.partial(
+                    finish_batch, items=_done_items(done), now=finished_at, tombstone_ttl_s=terms.tombstone_ttl_s,
+                    queued_lease_ms=terms.queued_lease_ms, settle_lease_ms=terms.settle_lease_ms, metric_field="",
+                    execution=Latencies({}, 0.0), busy_s=0.0, queue=Latencies({}, 0.0), counted=False,
+                ), "finish_batch", done[0][0].attempt.task_id)
+        except Exception:
+            logger.exception("group_finish_failed items=%d", len(done))
+            for item, _, _ in done:
                 item.release()
-                if reply == "taken":
-                    logger.warning("finish_skipped task=%s (taken by another worker)", item.attempt.task_id)
-                    self._end(item)
-                    continue
-                item.attempt.request.dispatch_settle = (item.attempt.record, states.SUCCESS)
-                item.attempt.emit_finished(finished_at)
-                rows.append((item, result, states.SUCCESS))
+                self._end(item)
+            return
+        by_field: dict[str, list[float]] = {}
+        ok_by_field: dict[str, int] = {}
+        rows = []
+        for (item, result, _), reply in zip(done, replies, strict=True):
+            item.release()
+            if reply == "taken":
+                logger.warning("finish_skipped task=%s (taken by another worker)", item.attempt.task_id)
+                self._end(item)
+                continue
+            field = item.attempt.field
+            by_field.setdefault(field, []).append(finished_at - item.attempt.started_at)
+            ok_by_field[field] = ok_by_field.get(field, 0) + (reply == "ok")
+            item.attempt.request.dispatch_settle = (item.attempt.record, states.SUCCESS)
+            item.attempt.emit_finished(finished_at)
+            rows.append((item, result, states.SUCCESS))
+        for field, elapsed in by_field.items():
+            count_batch(field, ok_by_field[field], Latencies.of(elapsed), sum(elapsed), Latencies({}, 0.0),
+                        finished_at)
         self._rows(rows)
         for item, result, _ in rows:
             self._end(item, value=result, state=states.SUCCESS)
@@ -610,6 +616,16 @@ class Runner:
     @staticmethod
     def _start(name: str, target: Callable[[], None]) -> None:
         threading.Thread(target=target, name=name, daemon=True).start()
+
+
+def _done_items(done: list[tuple[Item, Any, str]]) -> list[DoneItem]:
+    return [DoneItem(item.attempt.task_id, item.attempt.record, item.attempt.env.chat, bounded_result(result_json),
+                     item.attempt.owner) for item, _, result_json in done]
+
+
+def _finish_terms() -> FinishTerms:
+    return FinishTerms(tombstone_ttl_s(), int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+                       int(settings.DISPATCH_LEASE_S * 1000))
 
 
 def _short_repr(value: Any) -> str:
