@@ -206,7 +206,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
     if room is not None:
         options = {"chat_id": data.chat_id, "priority": data.priority, "idempotency_key": data.idempotency_key,
                    "timeout": data.timeout, "metadata": data.metadata, "limit_key": data.limit_key,
-                   "countdown": data.countdown, "eta": data.eta, "retry_policy": data.retry_policy}
+                   "countdown": data.countdown, "eta": data.eta, "retry_policy": data.retry_policy,
+                   "dedupe_key": data.dedupe_key}
         scoped, result = _scoped(room, options, time.time())
         if result is None:
             task_id = tenancy.task_id_prefix(caller.token_id) + str(uuid.uuid4())
@@ -220,7 +221,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
 def _item_options(item: Any) -> tuple[Any, dict[str, Any]]:
     """``(payload, per-item options)``: a wrapper object when it has "payload" and only item keys."""
     if isinstance(item, dict) and "payload" in item and item.keys() <= ITEM_KEYS:
-        options = {k: item[k] for k in ("chat_id", "priority", "idempotency_key", "limit_key") if k in item}
+        options = {k: item[k] for k in ("chat_id", "priority", "idempotency_key", "limit_key", "dedupe_key")
+                   if k in item}
         return item["payload"], options
     return item, {}
 
