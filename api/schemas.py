@@ -124,6 +124,11 @@ class TaskStateOut(Schema):
     dispatched_task_id: str | None = Field(
         description="For a tasks.dispatch message sent by name: the id of the task it admitted.")
     dead_letter: DeadLetterOut | None
+    progress: dict[str, Any] | None = Field(
+        None, description="The handler's last ctx.progress: {fraction (0..1), note, at (epoch s)}, or null.")
+    history: dict[str, Any] | None = Field(
+        None, description="With ?history=1: dispatched, waiting, attempts (worker, started_at, ended_at, outcome, "
+                          "error, retry_delay_s), cancelled, dead_letter, result, progress, events.")
 
 
 class CancelIn(Schema):

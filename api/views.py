@@ -43,7 +43,8 @@ from api.schemas import (
 from lanes import records
 from lanes.redis_client import get_redis
 from tasks import cancel as cancelling
-from tasks import config
+from tasks import config, tracing
+from tasks import history_view as task_history
 from tasks.admission import rejected_invalid, unavailable
 from tasks.dispatch import DispatchResult, admit, dispatch_many
 from tasks.models import DeadLetter
@@ -195,7 +196,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
 
     ``countdown`` / ``eta`` send it for later, ``retry_policy`` names the policy its retries follow.
     Rejections: 404 ``unknown_type``; 422 ``invalid_*``, ``unknown_retry_policy``; 413 ``payload_too_large``;
-    409 ``type_disabled``, ``idempotency_conflict``; 429 ``lane_full``, ``chat_queue_full``;
+    409 ``type_disabled``, ``idempotency_conflict``; 429 ``lane_full``, ``chat_queue_full``, ``caller_quota``
+    (the token holds its share of the lane: ``ServiceToken.lane_share``), each with ``Retry-After``;
     503 ``lane_closed``, ``unavailable`` (retry with the same idempotency key).
     """
     caller: Caller = request.auth
@@ -211,7 +213,9 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
         scoped, result = _scoped(room, options, time.time())
         if result is None:
             task_id = tenancy.task_id_prefix(caller.token_id) + str(uuid.uuid4())
-            result = _shown(room, admit(data.task_type, data.payload, _task_id=task_id, **scoped), options)
+            with tracing.remote_parent(request.headers):  # a W3C traceparent header: the dispatch's parent
+                result = _shown(room, admit(data.task_type, data.payload, _task_id=task_id,
+                                            _lane_share=caller.lane_share, **scoped), options)
     assert result is not None
     _audit(request, caller, "dispatch", data.task_type, [result])
     status = statuses.status_for(result.accepted, result.reason)
@@ -229,7 +233,11 @@ def _item_options(item: Any) -> tuple[Any, dict[str, Any]]:
 
 @api.post("/dispatch/bulk", response={200: BulkOut, **REFUSALS}, summary="Dispatch many tasks of one type")
 def dispatch_bulk(request: HttpRequest, data: BulkIn) -> JsonResponse:
-    """Admit each item on its own; ``results`` are in input order (at most 1000 items per request)."""
+    """Admit each item on its own; ``results`` are in input order (at most 1000 items per request).
+
+    An item is refused as a single dispatch would be, with its ``reason``: e.g. ``caller_quota`` once the
+    token holds its share of the lane.
+    """
     # The items go to Redis together (dispatch_many: one round trip per chunk of 500), not one call each.
     caller: Caller = request.auth
     _in_scope(caller, data.task_type)
@@ -240,7 +248,8 @@ def dispatch_bulk(request: HttpRequest, data: BulkIn) -> JsonResponse:
         assert refused is not None
         results = [refused] * len(data.items)
     else:
-        results = _bulk(caller, room, data)
+        with tracing.remote_parent(request.headers):
+            results = _bulk(caller, room, data)
     _audit(request, caller, "bulk", data.task_type, results)
     accepted = sum(1 for r in results if r.accepted)
     return _json(request, 200, {"accepted": accepted, "rejected": len(results) - accepted,
@@ -274,7 +283,8 @@ def _bulk(caller: Caller, room: tenancy.Room, data: BulkIn) -> list[DispatchResu
             continue
         pairs.append((payload, scoped))
         sent.append(index)
-    admitted = dispatch_many(data.task_type, pairs, id_prefix=tenancy.task_id_prefix(caller.token_id))
+    admitted = dispatch_many(data.task_type, pairs, id_prefix=tenancy.task_id_prefix(caller.token_id),
+                             lane_share=caller.lane_share)
     for index, result in zip(sent, admitted, strict=True):
         results[index] = _shown(room, result, raw[index])
     return results  # type: ignore[return-value]  # every slot is filled above
@@ -324,8 +334,13 @@ def _live_state(task_id: str) -> str | None:
 @api.get("/tasks/{task_id}", response={200: TaskStateOut, 401: ErrorOut, 404: ErrorOut, 422: ErrorOut,
                                        429: ErrorOut, 503: ErrorOut},
          summary="A task's state and result")
-def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
-    """The state of one of this token's tasks and, if it died, its dead letter.
+def task_state(request: HttpRequest, task_id: str, history: bool = False) -> JsonResponse:
+    """The state of one of this token's tasks, its last progress and, if it died, its dead letter.
+
+    ``progress`` is the handler's last ``ctx.progress`` (``{fraction, note, at}``) or null.
+    ``?history=1`` adds ``history``: dispatched (by whom, with which options), waiting
+    (lane, chat position), each attempt (worker, start, end, outcome, error, retry delay),
+    cancel, dead letter and result.
 
     ``SCHEDULED`` while it waits for its countdown / eta, ``PENDING`` while it
     waits for a worker, then Celery's states. 404 ``unknown_task`` for an id never
@@ -343,6 +358,11 @@ def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
         state = _live_state(task_id) or ("PENDING" if dead else None)
     if state is None:
         raise _unknown_task(task_id)
+    try:
+        progress = task_history.read_progress(get_redis(), task_id)
+        story = task_history.read(task_id) if history else None
+    except redis.RedisError as exc:
+        raise ApiError(503, "unavailable", f"Redis did not answer ({exc}); retry", {"Retry-After": "1"}) from None
     return _json(request, 200, {
         "task_id": task_id,
         "state": state,
@@ -354,6 +374,8 @@ def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
             "reason": dead.reason, "status": dead.status, "error": dead.error_message,
             "attempts": dead.attempts, "requeued_task_id": dead.requeued_task_id,
         },
+        "progress": progress,
+        **({"history": story.as_dict() if story else None} if history else {}),
     })
 
 

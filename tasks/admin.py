@@ -235,9 +235,15 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     @admin.display(description="task")
     def task_link(self, obj):
+        # Each id opens its task's history page (ops.views.task_history).
+        mine = format_html('<a href="{}" class="history-link">{}</a>',
+                           reverse("dispatch-task-history", args=[obj.task_id]), obj.task_id[:8])
         if obj.requeued_task_id:
-            return format_html("{} → {}", obj.task_id[:8], obj.requeued_task_id[:8])
-        return obj.task_id[:8]
+            again = format_html('<a href="{}" class="history-link">{}</a>',
+                                reverse("dispatch-task-history", args=[obj.requeued_task_id]),
+                                obj.requeued_task_id[:8])
+            return format_html("{} → {}", mine, again)
+        return mine
 
     @admin.display(description="payload")
     def payload_pretty(self, obj):

@@ -33,7 +33,7 @@ from lanes.lua.claim_batch import claim_batch
 from lanes.lua.finish_batch import DoneItem, Latencies, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
 from lanes.messages import Envelope
-from tasks import config, results
+from tasks import config, history, results, tracing
 from tasks import signals as lifecycle
 from tasks.context import BatchItem, Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
@@ -164,6 +164,7 @@ class _Batch:
         finally:
             for item in self.items:
                 leases.release(item.record)
+                tracing.end_attempt(item)
         self._store_rows(rows)
         kind, value = leader_outcome
         if kind == "done":
@@ -180,6 +181,7 @@ class _Batch:
         live: list[int] = []
         for i, item in enumerate(self.items):
             item.started_at = now
+            tracing.start_attempt(item, now)
             if now >= item.env.deadline:
                 outcomes[i] = _Expired(f"deadline passed {now - item.env.deadline:.3f}s before the attempt "
                                        f"could start")
@@ -197,9 +199,11 @@ class _Batch:
                 deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or item.task_id,
                 metadata=env.meta or {}, options=tc.options)))
             lifecycle.emit(lifecycle.task_started, functools.partial(item._info, now))
+            history.started(item.task_id, env, getattr(item.request, "hostname", None) or leases.process_id(), now)
         limit = min(tc.attempt_timeout_s, max(self.items[i].env.deadline - now for i in live))
         try:
-            with _time_limit(limit, self.task.request):
+            with _time_limit(limit, self.task.request), \
+                    tracing.handler_span(self.leader, [self.items[i] for i in live]):
                 returned = self.task.handler_func(batch)
         except SoftTimeLimitExceeded as exc:
             returned = [AttemptTimeout(f"batch ran past its {limit:.3f}s limit")] * len(live)
@@ -261,7 +265,7 @@ class _Batch:
                 continue
             item.request.dispatch_settle = (item.record, _ROW_STATE["done"])
             stored.append((item, result, states.SUCCESS))
-            lifecycle.emit(lifecycle.task_finished, functools.partial(item._info, finished_at, outcome="succeeded"))
+            item.emit_finished(finished_at)  # its lifecycle signal, history and span
         return stored
 
     def _store_rows(self, rows: list[tuple[Attempt, Any, str]]) -> None:

@@ -32,7 +32,7 @@ from lanes.lua.cancel import Cancelled
 from lanes.lua.cancel import cancel as lua_cancel
 from lanes.lua.forget import forget
 from lanes.redis_client import get_redis
-from tasks import results
+from tasks import history, results
 from tasks import signals as lifecycle
 from tasks.validation import MAX_CHAT_ID_LEN, MAX_IDEMPOTENCY_KEY_LEN, is_clean_text, scrub_text
 
@@ -212,6 +212,8 @@ def _settle(answers: list[Cancelled], detail: str, targets: list[tuple[str, str]
     """The REVOKED rows of what cancel.lua cancelled, then their records (``targets``: id, record) settled."""
     settled = []
     for found in answers:
+        if found.outcome == "told":
+            history.note(found.task_id, "cancel_asked", detail=detail)  # it ends as its handler decides
         if found.outcome != "cancelled":
             continue
         try:
@@ -225,7 +227,9 @@ def _settle(answers: list[Cancelled], detail: str, targets: list[tuple[str, str]
             lifecycle.TaskInfo, found.task_id, found.type, found.lane, found.chat, outcome="cancelled",
             reason="cancelled", detail=detail))
     if settled:
-        records = [r for t, r in targets if t in settled]
+        pairs = [(t, r) for t, r in targets if t in settled]
+        history.cancelled_waiting(pairs, detail)
+        records = [r for _, r in pairs]
         try:
             forget(records)
         except redis.RedisError:  # their settle lease runs out; a worker settles them then

@@ -38,7 +38,7 @@ from lanes.lua.retry import retry as lua_retry
 from lanes.lua.start import start as lua_start
 from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
-from tasks import config, dead_letters, results, validation
+from tasks import config, dead_letters, history, results, tracing, validation
 from tasks import signals as lifecycle
 from tasks.context import Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError, TaskCancelled
@@ -99,7 +99,11 @@ def execute(task: Task, args: tuple, kwargs: dict,
     try:
         if runner is not None:
             return runner(task, env, payload)
-        return Attempt(task, env, payload).run()
+        attempt = Attempt(task, env, payload)
+        try:
+            return attempt.run()
+        finally:
+            tracing.end_attempt(attempt)  # its span, when no outcome ended it (a skipped claim, an error)
     except Finished as finished:
         return finished.result
 
@@ -131,6 +135,7 @@ class Attempt:
         self.field = f"{env.lane}|{env.type}"
         self.started_at = 0.0
         self.owner = ""  # set by a successful claim
+        self.span: Any = None  # the attempt's span while tracing is on (tasks.tracing)
 
     # -- steps -------------------------------------------------------------
     def run(self) -> Any:
@@ -151,6 +156,7 @@ class Attempt:
         """
         env = self.env
         now = time.time() if now is None else now
+        tracing.start_attempt(self, now)
         snap = config.ensure(version)
         tc = snap.types.get(env.type)
         if tc is None:
@@ -160,6 +166,7 @@ class Attempt:
         if now >= env.deadline:
             self._die("expired", f"deadline passed {now - env.deadline:.3f}s before the attempt could start")
         self.started_at = now
+        history.started(self.task_id, env, getattr(self.request, "hostname", None) or leases.process_id(), now)
         limit = min(tc.attempt_timeout_s, env.deadline - now)
         ctx = Context(
             task_id=self.task_id, type=env.type, lane=env.lane, chat_id=env.chat, attempt=env.attempt,
@@ -175,12 +182,15 @@ class Attempt:
         self.emit_finished(time.time())
 
     def emit_finished(self, finished_at: float) -> None:
-        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``)."""
+        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``), its history
+        and its span."""
+        history.ended(self.task_id, self.env.attempt, "succeeded", at=finished_at)
+        tracing.outcome(self, "succeeded")
         lifecycle.emit(lifecycle.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
 
     def _attempt(self, tc: config.TypeConf, ctx: Context, limit: float) -> tuple[Any, str]:
         try:
-            with _time_limit(limit, self.request):
+            with _time_limit(limit, self.request), tracing.handler_span(self):
                 returned = self.task.handler_func(self.payload, ctx)
         except SoftTimeLimitExceeded as exc:
             return self.outcome_of(tc, AttemptTimeout(f"attempt ran past its {limit:.3f}s limit"), cause=exc)
@@ -268,7 +278,7 @@ class Attempt:
         if not decision.retry:
             detail = f"{type(exc).__name__}: {exc}"
             self._die(decision.reason, detail, exc)
-        next_env = replace(env, attempt=env.attempt + 1)
+        next_env = replace(env, attempt=env.attempt + 1, trace=tracing.next_trace(self, now + decision.delay_s))
         soft_limit = min(tc.attempt_timeout_s, max(0.001, env.deadline - now))
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
         reply = until_answered(lambda: lua_retry(
@@ -281,8 +291,11 @@ class Attempt:
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
             raise Ignore()
+        history.ended(self.task_id, env.attempt, "retry", at=now, error=f"{type(exc).__name__}: {exc}"[:500],
+                      delay_s=round(decision.delay_s, 3))
         logger.info("retry_scheduled task=%s attempt=%d delay=%.3fs error=%r",
                     self.task_id, env.attempt, decision.delay_s, exc)
+        tracing.outcome(self, "retrying", reason=type(exc).__name__, detail=str(exc), retry_delay_s=decision.delay_s)
         lifecycle.emit(lifecycle.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
                                                            detail=str(exc)))
         raise Retry(str(exc) or type(exc).__name__, exc=portable_exception(exc), when=decision.delay_s)
@@ -292,6 +305,7 @@ class Attempt:
         # The task ends dead in Redis whether or not its row could be written: a row
         # that cannot be stored must not leave the task running (redelivered, run
         # again, poison, the same failure, forever).
+        tracing.dead_letter(self, reason, detail)
         _record_dead_letter(
             task_id=self.task_id, task_type=env.type, lane=env.lane, reason=reason, payload=self.payload,
             chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
@@ -300,7 +314,9 @@ class Attempt:
         failure = DeadLettered.because(reason, detail, task_type=env.type,
                                        admin_url=dead_letter_admin_url(self.task_id))
         self._finish("dead", json.dumps(str(failure)), reason)
+        tracing.outcome(self, "dead", reason=reason, detail=detail)
         died_at = time.time()
+        history.ended(self.task_id, env.attempt, "dead", at=died_at, reason=reason, error=detail[:500])
         lifecycle.emit(lifecycle.task_finished,
                        lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
         raise failure
@@ -317,10 +333,12 @@ class Attempt:
         would have been retried): it ends cancelled, its chat moves on, its row says REVOKED."""
         detail = detail or "cancelled"
         self._finish("cancelled", json.dumps(detail), "cancelled")
+        tracing.outcome(self, "cancelled", reason="cancelled", detail=detail)
         results.store_revoked(self.task_id, detail, request=self.request)
         leases.settle(self.record)
         results.announce_revoked(self.task_id)
         ended_at = time.time()
+        history.ended(self.task_id, self.env.attempt, "cancelled", at=ended_at, detail=detail[:500])
         lifecycle.emit(lifecycle.task_finished,
                        lambda: self._info(ended_at, outcome="cancelled", reason="cancelled", detail=detail))
         logger.info("task_cancelled_running task=%s detail=%r", self.task_id, detail)

@@ -67,7 +67,7 @@ from lanes.lua.finish_batch import DoneItem, Latencies, count_batch, finish_batc
 from lanes.lua.loader import ReplicaAcksMissing
 from lanes.messages import Envelope
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
-from tasks import config, results
+from tasks import config, results, tracing
 from tasks.errors import AttemptTimeout, DeadLettered, RetryableError
 from tasks.execution import (
     Attempt,
@@ -416,7 +416,8 @@ class Runner:
                                         kwargs={"payload": attempt.payload})
         try:
             try:
-                returned: Any = task.handler_func(attempt.payload, ctx)
+                with tracing.handler_span(attempt):
+                    returned: Any = task.handler_func(attempt.payload, ctx)
             except BaseException as exc:  # noqa: BLE001 - contain SystemExit/KeyboardInterrupt from handlers too
                 returned = exc
         finally:
@@ -567,6 +568,7 @@ class Runner:
             return
         item.done = True
         attempt = item.attempt
+        tracing.end_attempt(attempt)
         if state == states.SUCCESS:
             if self.events is not None:
                 runtime = time.time() - attempt.started_at if attempt.started_at else 0.0
