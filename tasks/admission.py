@@ -27,7 +27,7 @@ from lanes.lua import admit
 from lanes.messages import Envelope, build_message, hard_limit_grace_s
 from lanes.priorities import to_kombu
 from tasks import cancel as cancelling
-from tasks import config, results
+from tasks import config, owners, results
 from tasks import dedupe as dedupe_rules
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
@@ -135,14 +135,17 @@ def chunk_context() -> ChunkContext:
 
 
 def script_chunk(snap: config.Snapshot, tc: config.TypeConf, context: ChunkContext,
-                 replace_idempotency: bool = False) -> admit.Chunk:
-    """admit.lua's chunk arguments for dispatches of ``tc`` prepared under ``snap`` and ``context``."""
+                 replace_idempotency: bool = False, lane_share: int = owners.WHOLE_LANE_PCT) -> admit.Chunk:
+    """admit.lua's chunk arguments for dispatches of ``tc`` prepared under ``snap`` and ``context``;
+    ``lane_share``: the percentage of the lane's capacity one token's tasks may hold (``caller_quota``)."""
     lane = snap.lanes.get(tc.lane)
+    capacity = lane.capacity if lane else 0
     return admit.Chunk(
         version=snap.version, now=context.now, lane=tc.lane, task_type=tc.name,
-        accepting=lane is None or lane.accepting, capacity=lane.capacity if lane else 0,
+        accepting=lane is None or lane.accepting, capacity=capacity,
         chat_queue_size=tc.chat_queue_size, idempotency_window_s=tc.idempotency_window_s,
         queued_lease_ms=context.queued_lease_ms, replace_idempotency=replace_idempotency,
+        caller_quota=owners.lane_quota(capacity, lane_share),
         **(_dedupe_args(tc) if tc.dedupe != "key" else {}),
     )
 
@@ -299,7 +302,8 @@ def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     return DispatchResult(accepted=False, reason="unavailable", detail=detail)
 
 
-def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | None = None) -> DispatchResult:
+def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | None = None,
+              lane_share: int = owners.WHOLE_LANE_PCT) -> DispatchResult:
     """The ``DispatchResult`` admit.lua's ``reply`` (not ``Stale``) means for ``prepared``."""
     tc, checked, task_id, now = prepared.tc, prepared.checked, prepared.task_id, prepared.now
     if isinstance(reply, admit.Duplicate):
@@ -317,6 +321,9 @@ def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | 
             "lane_full": f"lane '{tc.lane}' holds {reply.depth} tasks, its capacity",
             "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
         }.get(reason, reason)
+        if reason == "caller_quota":
+            detail = (f"this caller already holds its share of lane '{tc.lane}': {lane_share}% of the lane's "
+                      "capacity in tasks not started yet; retry when some have started")
         return _rejected(tc.name, tc.lane, reason, detail)
     if not isinstance(reply, admit.Admitted):
         raise TypeError(f"interpret: no result for {reply!r}")

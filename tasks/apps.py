@@ -19,7 +19,7 @@ class TasksConfig(AppConfig):
         # inner import: these modules import models, which load after the AppConfig classes
         from celery import current_app
 
-        from tasks import bulk, dispatch, handlers, maintenance, receivers, registry, tracing  # noqa: F401  (bulk, dispatch, maintenance: shared tasks)
+        from tasks import beat, bulk, dispatch, handlers, maintenance, receivers, registry, tracing  # noqa: F401  (beat, bulk, dispatch, maintenance: shared tasks)
         from tasks.batching import BatchHandlerTask
         from tasks.execution import HandlerTask
 

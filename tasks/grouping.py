@@ -131,16 +131,16 @@ class Item:
         self.watch_until = 0.0
         self.abandoned = False
         self.done = False
-        self.held = False  # its record's lease is renewed by this process (lanes.leases.hold)
+        self.held = False  # its record's lease is renewed by this process (lanes.leases.LeaseBook.hold)
 
     def hold(self) -> None:
         self.held = True
-        leases.hold(self.attempt.record)
+        self.attempt.book.hold(self.attempt.record)
 
     def release(self) -> None:
         if self.held:
             self.held = False
-            leases.release(self.attempt.record)
+            self.attempt.book.release(self.attempt.record)
 
 
 _STOP = object()
@@ -277,7 +277,7 @@ class Runner:
             answer = until_answered(lambda: claim_group(
                 items=members, now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
                 max_deliveries=settings.DISPATCH_MAX_DELIVERIES, process=process,
-                liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000), counts=counts,
+                liveness_ms=group[0].attempt.book.liveness_ms(), counts=counts,
             ), "claim_group", group[0].attempt.task_id)
         except ReplicaAcksMissing as exc:
             # As a single claim: not run; their leases bring them back once replicas keep up.
@@ -285,7 +285,7 @@ class Runner:
             for item in group:
                 self._end(item)
             return
-        leases.keep_alive()
+        group[0].attempt.book.keep_alive()
         for item, claim in zip(group, answer.claims, strict=True):
             if claim.status == "run":
                 item.claimed = True
@@ -512,7 +512,7 @@ class Runner:
             if results.keeps_row(item.name, state):
                 kept.append((item, value, state))
             elif (settle := item.attempt.request.dispatch_settle) and settle[1] == state:
-                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
+                item.attempt.book.settle(settle[0])  # its type keeps no row for this outcome: settled at once
         rows = kept
         if not rows:
             return
@@ -533,7 +533,7 @@ class Runner:
         for item, _, state in rows:
             settle = item.attempt.request.dispatch_settle
             if settle and settle[1] == state:
-                leases.settle(settle[0])
+                item.attempt.book.settle(settle[0])
 
     def _end(self, item: Item, value: Any = None, state: str | None = None) -> None:
         """The message is done with: acked (its record tracks the task from here), events and signals sent."""

@@ -153,8 +153,8 @@ def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     cluster.redis_resume()
     careful.wait(timeout=duration + 120)
     one_shot.wait(timeout=duration + 120)
-    rep = drain_and_check(cluster, [careful, one_shot], scenario=f"4 SIGSTOP Redis {pause:g} s", drain_bound=pick(60, 90),
-                          lanes=[lane])
+    rep = drain_and_check(cluster, [careful, one_shot], scenario=f"4 SIGSTOP Redis {pause:g} s",
+                          drain_bound=pick(60, 90), lanes=[lane])
     entries = careful.entries() + one_shot.entries()
     slowest = max(e["slowest_s"] for e in entries)
     refused = [e for e in entries if e["first"] == "unavailable"]
