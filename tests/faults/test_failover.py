@@ -101,7 +101,8 @@ LAG_S = 0.8
 def _failover_phase(cluster: FaultCluster, name: str, lane: str) -> tuple:
     topology: SentinelTopology = cluster.redis
     duration = pick(12, 40)
-    load = cluster.constant_load(name, rate=pick(25, 40), duration=duration, chats=pick(24, 48))
+    # 20/s against at most 15/s done: at the kill ~20 wait ahead of what the replicas missed (1.3 s of work > LAG_S).
+    load = cluster.constant_load(name, rate=pick(20, 40), duration=duration, chats=pick(24, 48))
     time.sleep(duration / 3)
     topology.stall_replication()
     lag_from = time.time()
@@ -207,7 +208,7 @@ def test_11b_failover_with_replica_acks_loses_nothing(sentinel_cluster, record):
         with override_settings(REDIS_URL=cluster.redis.url, DISPATCH_SENTINEL_MASTER=cluster.redis.master_name):
             reset_redis()
             config.reload()
-            latency = _dispatch_latency(cluster, name, pick(400, 2000))
+            latency = _dispatch_latency(cluster, name, pick(200, 2000))  # recorded, not asserted
     finally:
         # Back on the session's Redis once the settings are back: a client (or a config
         # loaded through one) made while they still pointed at the Sentinels would outlive

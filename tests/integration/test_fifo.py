@@ -96,7 +96,7 @@ def test_worker_killed_mid_message_chat_completes_in_order(start_worker, sink, r
     name, lane = unique("killed"), unique("l-kill")
     define(name, handler="http.post", lane=lane, chat_scoped=True, options={"url": sink.url}, timeout=120,
            attempt_timeout=30)
-    sink.sink.behaviour.delay_s = (1.5, 1.5)
+    sink.sink.behaviour.delay_s = (0.8, 0.8)  # long enough to be caught in flight; five run after the crash
     victim = start_worker(lane, concurrency=1)
     results = [dispatch.delay(name, {"seq": i}, chat_id="kill-chat") for i in range(5)]
     assert all(r.accepted for r in results)

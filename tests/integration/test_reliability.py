@@ -127,16 +127,16 @@ def test_deadletters_command_lists_requeues_and_discards(start_worker):
 def test_retry_delay_longer_than_visibility_timeout_runs_exactly_once_more(start_worker, sink):
     name, lane = unique("longretry"), unique("l-longretry")
     define(name, handler="http.post", lane=lane, options={"url": sink.url},
-           policy={"max_retries": 3, "initial_backoff": 5.0, "multiplier": 1.0, "max_backoff": 5.0, "jitter": 0.0})
+           policy={"max_retries": 3, "initial_backoff": 4.0, "multiplier": 1.0, "max_backoff": 4.0, "jitter": 0.0})
     sink.sink.behaviour.fail_first = 1
-    # Visibility timeout and lease of 2 s: the 5 s retry outlives both.
+    # Visibility timeout and lease of 2 s (unacked restored every 1 s): the 4 s retry outlives both.
     start_worker(lane, concurrency=1, env={"DISPATCH_LEASE_S": "2"})
     result = dispatch.delay(name, {"x": 1})
     assert result.get(timeout=40) == {"status": 200}
-    time.sleep(5)  # room for any wrong redelivery to show up
+    time.sleep(4)  # room for any wrong redelivery to show up: two visibility timeouts
     assert [a.status for a in sink.sink.attempts] == [500, 200]
     gap = sink.sink.attempts[1].at - sink.sink.attempts[0].at
-    assert gap >= 5.0
+    assert gap >= 4.0
 
 
 def test_task_expiring_in_the_queue_never_runs(start_worker, sink):

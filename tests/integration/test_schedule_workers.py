@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import time
 
-from django.conf import settings
-
 from lanes import keys
 from tasks import config
 from tasks.dispatch import admit
 from tasks.models import DeadLetter, RetryPolicy
 from tests.support.helpers import define, unique, wait_until
 
-#: Longer than the lease and the visibility timeout (both DISPATCH_LEASE_S, 6 s in tests).
-COUNTDOWN_S = settings.DISPATCH_LEASE_S + 3
+#: The lease (and the broker's visibility timeout) of these tests' workers: shorter than the suite's
+#: 6 s, so a countdown past it, and the wait for a second delivery, cost seconds less.
+WORKER_LEASE_S = 2
+WORKER_ENV = {"DISPATCH_LEASE_S": str(WORKER_LEASE_S)}
+#: Longer than the workers' lease and visibility timeout.
+COUNTDOWN_S = WORKER_LEASE_S + 4
 
 
 def http_type(sink, lane: str, **fields) -> str:
@@ -47,7 +49,7 @@ def send_later(name: str) -> tuple[str, float, str]:
 def assert_ran_once_when_due(sink, rc, key: str, sent: float, lane: str) -> None:
     wait_until(lambda: attempts(sink, key), timeout=COUNTDOWN_S + 40, what="the scheduled task ran")
     # Past another lease and visibility timeout: a second delivery would have come by now.
-    time.sleep(settings.DISPATCH_LEASE_S + 2)
+    time.sleep(WORKER_LEASE_S + 2)
     seen = attempts(sink, key)
     assert len(seen) == 1, [(a.attempt, a.started) for a in seen]
     assert seen[0].started >= sent + COUNTDOWN_S, seen[0].started - sent
@@ -57,7 +59,7 @@ def assert_ran_once_when_due(sink, rc, key: str, sent: float, lane: str) -> None
 def test_a_countdown_longer_than_the_lease_runs_once_and_not_before_it_is_due(start_worker, sink, rc):
     lane = unique("sw")
     name = http_type(sink, lane)
-    start_worker(lane, pool="threads", concurrency=2)
+    start_worker(lane, pool="threads", concurrency=2, env=WORKER_ENV)
     key, sent, _ = send_later(name)
     assert_ran_once_when_due(sink, rc, key, sent, lane)
     # Its queue latency counts from its due time, not from the dispatch.
@@ -71,7 +73,7 @@ def test_a_countdown_survives_a_worker_restart_and_a_redis_restart_from_the_aof(
     """
     lane = unique("sw")
     name = http_type(sink, lane)
-    first = start_worker(lane, pool="threads", concurrency=2)
+    first = start_worker(lane, pool="threads", concurrency=2, env=WORKER_ENV)
     key, sent, task_id = send_later(name)
     time.sleep(0.5)
     first.kill()  # SIGKILL: nothing of the task was in it
@@ -80,7 +82,7 @@ def test_a_countdown_survives_a_worker_restart_and_a_redis_restart_from_the_aof(
     redis_server.start()
     rc = redis_server.client()
     assert rc.hget(keys.task_record(task_id), "st") == b"scheduled"  # still waiting, from the AOF
-    start_worker(lane, pool="threads", concurrency=2)
+    start_worker(lane, pool="threads", concurrency=2, env=WORKER_ENV)
     assert_ran_once_when_due(sink, rc, key, sent, lane)
 
 
