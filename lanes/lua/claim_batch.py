@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import orjson
 from django.conf import settings
 
 from lanes import counters, keys
 from lanes.lua.loader import call
+from lanes.messages import kombu_message
 
 NAME = "claim_batch"
 #: Most messages one call looks at per task it may claim (a lane shared with other
@@ -18,7 +20,7 @@ def claim_batch(
     *, lane: str, handler: str, task_type: str, owner: str, now: float, lease_ms: int, max_deliveries: int,
     most: int, metric_field: str, process: str, liveness_ms: int,
 ) -> list[bytes]:
-    """Run claim_batch.lua (KEYS/ARGV in its header); returns the claimed messages as the broker held them.
+    """Run claim_batch.lua (KEYS/ARGV in its header); returns the claimed messages as a pop delivers them.
 
     With ``DISPATCH_REPLICA_ACKS`` > 0, claims that replicas did not confirm
     raise ``ReplicaAcksMissing`` (as ``lanes.lua.start.start``): the caller
@@ -28,7 +30,7 @@ def claim_batch(
     """
     if most <= 0:
         return []
-    taken: list[bytes] = call(
+    reply: list[bytes] = call(
         NAME,
         [keys.LEASES, keys.DEADLINES, keys.PROCS, keys.process_held(process), *keys.lane_queues(lane)],
         [handler, task_type, owner, int(now * 1000), lease_ms, max_deliveries, most,
@@ -36,6 +38,9 @@ def claim_batch(
         replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
         wait_if=bool,
     )
+    taken = [orjson.dumps(kombu_message(reply[i], reply[i + 2].decode().rpartition(".")[0], reply[i + 1].decode(),
+                                        reply[i + 2].decode()))
+             for i in range(0, len(reply), 3)]
     if taken:
         counters.add(f"started|{metric_field}", now, len(taken))
     return taken
