@@ -177,7 +177,7 @@ def kombu_message(stored: bytes | str, task_id: str, record: str, delivery_tag: 
     ``chat.send`` rather than its handler ``http.post``. A record written before messages were stored
     compact holds the whole message with a NUL where the tag goes: it is read as it is.
     """
-    if isinstance(stored, bytes) and stored[:1] == b"{" or isinstance(stored, str) and stored[:1] == "{":
+    if (isinstance(stored, bytes) and stored[:1] == b"{") or (isinstance(stored, str) and stored[:1] == "{"):
         raw = stored.encode() if isinstance(stored, str) else stored
         return orjson.loads(raw.replace(b"\0", delivery_tag.encode()))
     handler, hard, soft, payload_json, envelope_json = stored_parts(stored)

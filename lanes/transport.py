@@ -76,8 +76,8 @@ from kombu.utils.json import loads
 
 from lanes import keys, leases
 from lanes.lua.pop_more import Popped, pop_more
-from lanes.messages import LEASED_HEADER, RECORD_HEADER, kombu_message
 from lanes.lua.ring import ring
+from lanes.messages import LEASED_HEADER, RECORD_HEADER, kombu_message
 from lanes.signals import message_unreadable
 
 logger = logging.getLogger(__name__)
