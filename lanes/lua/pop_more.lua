@@ -23,9 +23,10 @@
 -- when it is leased.
 --
 -- Only the lists a token names are looked at, so a lane that keeps up pays one
--- RPOP an item. Items are popped one RPOP at a time: Redis 6.2's RPOP with a count
--- walks the list from its head (O(backlog): half a millisecond at a million items,
--- BENCHMARKS.md); one without stays flat on every server. The poll looks at every
+-- RPOP (with a count) a list, and an HMGET an item. Redis 6.2's RPOP with a count
+-- walks the list from its head (O(backlog), BENCHMARKS.md); Valkey 8.1 (make run's
+-- and the tests' server) does not, so the count stays (a loop of RPOPs would be one
+-- more command a task). A dropped copy leaves the call short of its room. The poll looks at every
 -- list (unrung pushes, a token lost with a killed worker): one EXISTS tells how
 -- many hold anything, and it stops once it has met them. A call that filled its
 -- room and may have left items behind rings the doorbell again (the lists it did
@@ -63,43 +64,40 @@ local bits = tonumber(bits_arg) or bit.lshift(1, lists) - 1
 local left = lists  -- lists known to hold something not met yet (all: the token says nothing more)
 if bits_arg == '' then left = redis.call('EXISTS', unpack(lane_lists)) end
 local out, records, n = {}, {}, 0
-local pops = want + 64  -- most RPOPs a call makes: dropped copies count too (a bounded call)
 local behind = 0  -- bits of the lists that may still hold messages when the room is full
 for p = 0, lists - 1 do
   local bit_p = bit.lshift(1, p)
   if bit.band(bits, bit_p) ~= 0 and left > 0 then
-    if n >= want or pops == 0 then
+    if n >= want then
       behind = bit.bor(behind, bit_p)
     else
-      local list = lane_lists[p + 1]
-      local met = false
-      while n < want and pops > 0 do
-        pops = pops - 1
-        local item = redis.call('RPOP', list)
-        if not item then break end
-        met = true
-        if string.byte(item, 1) == 123 then  -- '{': a whole message
-          local record = ''
-          if string.find(item, '"dispatch_leased":true', 1, true) then record = record_of(item) end
-          if record ~= '' then records[#records + 1] = record end
-          n = n + 1
-          out[#out + 1] = item
-          out[#out + 1] = record
-          out[#out + 1] = ''
-        else
+      local asked = want - n
+      local got = redis.call('RPOP', lane_lists[p + 1], asked)
+      if got then
+        left = left - 1
+        if #got == asked then behind = bit.bor(behind, bit_p) end
+        for _, item in ipairs(got) do
           local record, pub = list_item_parts(item)
-          local f = record and redis.call('HMGET', record, 'msg', 'pub') or {}
-          if f[1] and f[2] == pub then
-            records[#records + 1] = record
+          if not record then  -- a whole message
+            local named = ''
+            if string.find(item, '"dispatch_leased":true', 1, true) then named = record_of(item) end
+            if named ~= '' then records[#records + 1] = named end
             n = n + 1
-            out[#out + 1] = f[1]
-            out[#out + 1] = record
-            out[#out + 1] = string.match(record, '([^:]+)$') .. '.' .. pub
+            out[#out + 1] = item
+            out[#out + 1] = named
+            out[#out + 1] = ''
+          else
+            local f = redis.call('HMGET', record, 'msg', 'pub')
+            if f[1] and f[2] == pub then
+              records[#records + 1] = record
+              n = n + 1
+              out[#out + 1] = f[1]
+              out[#out + 1] = record
+              out[#out + 1] = string.match(record, '([^:]+)$') .. '.' .. pub
+            end
           end
         end
       end
-      if met then left = left - 1 end
-      if n >= want or pops == 0 then behind = bit.bor(behind, bit_p) end
     end
   end
 end
