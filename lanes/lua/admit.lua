@@ -20,7 +20,7 @@
 --   requeue of the same row: answer 'dup'), limit_prefix (lanes.keys.LIMIT_PREFIX),
 --   lane_prefix (lanes.keys.LANE_PREFIX), read_estimate ('1': read the lane's
 --   estimate inputs; '0': the caller has them from a recent call);
---   then ITEM_ARGS an item: task_id, message (a NUL marks the delivery tag's place),
+--   then ITEM_ARGS an item: task_id, message (stored compact: lanes/messages.py),
 --   kombu_priority 0..9, chat ('' none), digest (of the payload; '' without an
 --   idempotency key), deadline_ms, limits (its limit instance bases, newline-separated;
 --   '' when its type names none: then nothing touches a limit key), due_ms ('0': now;
