@@ -17,7 +17,7 @@ from pydantic import ConfigDict, Field, StrictFloat, StrictInt, StrictStr, WithJ
 #: Most items in one bulk request.
 MAX_BULK_ITEMS = 1000
 #: Keys that make a bulk item a wrapper (``{"payload": ..., "chat_id": ...}``) rather than a bare payload.
-ITEM_KEYS = frozenset({"payload", "chat_id", "priority", "idempotency_key", "limit_key"})
+ITEM_KEYS = frozenset({"payload", "chat_id", "priority", "idempotency_key", "limit_key", "dedupe_key"})
 
 Seconds = Annotated[StrictFloat, Field(description="Whole life from dispatch to completion, in seconds.")]
 Priority = Annotated[StrictInt, Field(description="0..9, higher first; the type's default when absent.")]
@@ -33,6 +33,11 @@ class DispatchIn(Schema):
     priority: Priority | None = None
     idempotency_key: StrictStr | None = Field(
         None, description="A second dispatch with this key returns the first task (duplicate: true).")
+    dedupe_key: StrictStr | None = Field(
+        None, description="For a type whose dedupe is throttle or debounce: the key dispatches collapse by "
+                          "(else the idempotency key). Throttle: within the window a later one answers "
+                          "duplicate: true with the first's task_id; debounce: it replaces the task still "
+                          "waiting (replaced: its id, which ends REVOKED) and starts after the window.")
     timeout: Seconds | None = None
     metadata: JsonObject | None = Field(None, description="Carried to the handler's context (tracing).")
     limit_key: StrictStr | None = Field(
@@ -52,7 +57,8 @@ class DispatchIn(Schema):
 BULK_ITEMS_SCHEMA = {
     "type": "array", "minItems": 1, "maxItems": MAX_BULK_ITEMS,
     "description": ("Each item is a payload object, or {\"payload\": {...}, \"chat_id\"?, \"priority\"?, "
-                    "\"idempotency_key\"?, \"limit_key\"?} (an object with a \"payload\" key and only those keys). "
+                    "\"idempotency_key\"?, \"limit_key\"?, \"dedupe_key\"?} (an object with a \"payload\" key "
+                    "and only those keys). "
                     "Each is admitted or rejected on its own."),
     "items": {"type": "object"},
 }
@@ -83,6 +89,8 @@ class DispatchOut(Schema):
     detail: str
     duplicate: bool
     estimated_delay: float | None
+    replaced: str | None = Field(None, description="The task a debounce replaced (it ends REVOKED: "
+                                                   "\"replaced by <this task_id>\"), else null.")
 
 
 class BulkOut(Schema):
@@ -116,6 +124,11 @@ class TaskStateOut(Schema):
     dispatched_task_id: str | None = Field(
         description="For a tasks.dispatch message sent by name: the id of the task it admitted.")
     dead_letter: DeadLetterOut | None
+    progress: dict[str, Any] | None = Field(
+        None, description="The handler's last ctx.progress: {fraction (0..1), note, at (epoch s)}, or null.")
+    history: dict[str, Any] | None = Field(
+        None, description="With ?history=1: dispatched, waiting, attempts (worker, started_at, ended_at, outcome, "
+                          "error, retry_delay_s), cancelled, dead_letter, result, progress, events.")
 
 
 class CancelIn(Schema):

@@ -19,6 +19,7 @@ REJECTION_STATUS: dict[str, int] = {
     "invalid_timeout": 422,
     "invalid_chat_id": 422,
     "invalid_idempotency_key": 422,
+    "invalid_dedupe_key": 422,
     "invalid_metadata": 422,
     "invalid_limit_key": 422,
     "invalid_eta": 422,

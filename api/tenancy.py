@@ -4,7 +4,7 @@ A task made through the API carries its token in its id (``tk<token id>-<uuid>``
 ``tasks.owners``): the API mints every id, so a caller cannot choose one in
 another's room, and reading or cancelling a task needs no lookup of who made it.
 
-A caller's chat ids, idempotency keys and limit keys are prefixed with its
+A caller's chat ids, idempotency, dedupe and limit keys are prefixed with its
 namespace (``tk<token id>:``) before admission, so two tokens' ``"c1"`` are two
 chats and one token cannot take, fill or park another's. A task type marked
 *shared* keeps them as given: every caller's ``"c1"`` is then one chat.
@@ -33,6 +33,7 @@ _CONFLICT_RE = re.compile(r"used by task (\S+) with")
 NAMESPACED: dict[str, tuple[int, str]] = {
     "chat_id": (MAX_CHAT_ID_LEN, "invalid_chat_id"),
     "idempotency_key": (MAX_IDEMPOTENCY_KEY_LEN, "invalid_idempotency_key"),
+    "dedupe_key": (MAX_IDEMPOTENCY_KEY_LEN, "invalid_dedupe_key"),
     "limit_key": (MAX_LIMIT_KEY_LEN, "invalid_limit_key"),
 }
 

@@ -44,6 +44,7 @@ from lanes import records
 from lanes.redis_client import get_redis
 from tasks import cancel as cancelling
 from tasks import config
+from tasks import history_view as task_history
 from tasks.admission import rejected_invalid, unavailable
 from tasks.dispatch import DispatchResult, admit, dispatch_many
 from tasks.models import DeadLetter
@@ -206,7 +207,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
     if room is not None:
         options = {"chat_id": data.chat_id, "priority": data.priority, "idempotency_key": data.idempotency_key,
                    "timeout": data.timeout, "metadata": data.metadata, "limit_key": data.limit_key,
-                   "countdown": data.countdown, "eta": data.eta, "retry_policy": data.retry_policy}
+                   "countdown": data.countdown, "eta": data.eta, "retry_policy": data.retry_policy,
+                   "dedupe_key": data.dedupe_key}
         scoped, result = _scoped(room, options, time.time())
         if result is None:
             task_id = tenancy.task_id_prefix(caller.token_id) + str(uuid.uuid4())
@@ -220,7 +222,8 @@ def dispatch_one(request: HttpRequest, data: DispatchIn) -> JsonResponse:
 def _item_options(item: Any) -> tuple[Any, dict[str, Any]]:
     """``(payload, per-item options)``: a wrapper object when it has "payload" and only item keys."""
     if isinstance(item, dict) and "payload" in item and item.keys() <= ITEM_KEYS:
-        options = {k: item[k] for k in ("chat_id", "priority", "idempotency_key", "limit_key") if k in item}
+        options = {k: item[k] for k in ("chat_id", "priority", "idempotency_key", "limit_key", "dedupe_key")
+                   if k in item}
         return item["payload"], options
     return item, {}
 
@@ -322,8 +325,13 @@ def _live_state(task_id: str) -> str | None:
 @api.get("/tasks/{task_id}", response={200: TaskStateOut, 401: ErrorOut, 404: ErrorOut, 422: ErrorOut,
                                        429: ErrorOut, 503: ErrorOut},
          summary="A task's state and result")
-def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
-    """The state of one of this token's tasks and, if it died, its dead letter.
+def task_state(request: HttpRequest, task_id: str, history: bool = False) -> JsonResponse:
+    """The state of one of this token's tasks, its last progress and, if it died, its dead letter.
+
+    ``progress`` is the handler's last ``ctx.progress`` (``{fraction, note, at}``) or null.
+    ``?history=1`` adds ``history``: dispatched (by whom, with which options), waiting
+    (lane, chat position), each attempt (worker, start, end, outcome, error, retry delay),
+    cancel, dead letter and result.
 
     ``SCHEDULED`` while it waits for its countdown / eta, ``PENDING`` while it
     waits for a worker, then Celery's states. 404 ``unknown_task`` for an id never
@@ -341,6 +349,11 @@ def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
         state = _live_state(task_id) or ("PENDING" if dead else None)
     if state is None:
         raise _unknown_task(task_id)
+    try:
+        progress = task_history.read_progress(get_redis(), task_id)
+        story = task_history.read(task_id) if history else None
+    except redis.RedisError as exc:
+        raise ApiError(503, "unavailable", f"Redis did not answer ({exc}); retry", {"Retry-After": "1"}) from None
     return _json(request, 200, {
         "task_id": task_id,
         "state": state,
@@ -352,6 +365,8 @@ def task_state(request: HttpRequest, task_id: str) -> JsonResponse:
             "reason": dead.reason, "status": dead.status, "error": dead.error_message,
             "attempts": dead.attempts, "requeued_task_id": dead.requeued_task_id,
         },
+        "progress": progress,
+        **({"history": story.as_dict() if story else None} if history else {}),
     })
 
 

@@ -239,6 +239,8 @@ DISPATCH_PROMOTE_INTERVAL_S = float(os.environ.get("DISPATCH_PROMOTE_INTERVAL_S"
 DISPATCH_IDEMPOTENCY_WINDOW_S = int(os.environ.get("DISPATCH_IDEMPOTENCY_WINDOW_S", "86400"))
 #: Days resolved dead letters are kept before the purge removes them.
 DISPATCH_DEADLETTER_RETENTION_DAYS = int(os.environ.get("DISPATCH_DEADLETTER_RETENTION_DAYS", "30"))
+#: Seconds a task's history and progress stay in Redis (tasks.history); 0: as long as its result row.
+DISPATCH_HISTORY_TTL_S = int(os.environ.get("DISPATCH_HISTORY_TTL_S", "0"))
 #: Where ``http.post`` may connect: ``host`` (default port only), ``host:port`` or ``host:*``
 #: (tasks/webhook_url.py). Loopback on any port by default, for the local demo; nothing under
 #: the production profile (loopback holds Redis, Flower and the admin): name each host and port.

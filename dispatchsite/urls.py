@@ -19,6 +19,8 @@ urlpatterns = [
          name="dispatch-lane-control"),
     # For a reverse proxy in front of Flower (nginx auth_request): 204 for staff, 401 otherwise.
     path("admin/flower-auth/", lane_views.flower_auth, name="dispatch-flower-auth"),
+    path("admin/tasks/history/<str:task_id>/", admin.site.admin_view(lane_views.task_history),
+         name="dispatch-task-history"),
     path("admin/", admin.site.urls),
     # The HTTP API for services that do not import this project (api/); JSON 404 for any other /api/ path.
     path("api/v1/", api_views.api.urls),

@@ -50,9 +50,22 @@ def task_record(task_id: str, chat_id: str | None = None) -> str:
     return f"{PREFIX}t:{task_id}"
 
 
+TOMBSTONE_PREFIX = PREFIX + "done:"
+
+
 def tombstone(task_id: str) -> str:
     """A finished task's outcome, kept briefly so a late redelivery can re-store it."""
-    return f"{PREFIX}done:{task_id}"
+    return f"{TOMBSTONE_PREFIX}{task_id}"
+
+
+def task_history(task_id: str) -> str:
+    """A task's own events (a capped list, tasks.history), kept as long as its result row; by id alone."""
+    return f"{PREFIX}hist:{task_id}"
+
+
+def task_progress(task_id: str) -> str:
+    """A running task's last reported progress (``ctx.progress``, tasks.history)."""
+    return f"{PREFIX}prog:{task_id}"
 
 
 def lane_queue(lane: str, kombu_priority: int) -> str:
@@ -94,13 +107,17 @@ def lane_doorbell(lane: str) -> str:
     return lane + DOORBELL_SUFFIX
 
 
+DELAYED_PREFIX = PREFIX + "delayed:"
+CHAT_WAITING_PREFIX = PREFIX + "chatwait:"
+
+
 def lane_delayed(lane: str) -> str:
-    return f"{PREFIX}delayed:{lane}"
+    return f"{DELAYED_PREFIX}{lane}"
 
 
 def lane_chat_waiting(lane: str) -> str:
     """Count of this lane's chat messages waiting behind their chat's head."""
-    return f"{PREFIX}chatwait:{lane}"
+    return f"{CHAT_WAITING_PREFIX}{lane}"
 
 
 def idempotency(task_type: str, key: str) -> str:
@@ -125,6 +142,15 @@ def legacy_idempotency(task_type: str, key: str) -> str:
     would have to re-parse the ambiguous names it exists to replace.
     """
     return f"{PREFIX}idem:{task_type}:{key}"
+
+
+#: A dedupe key's hash (throttle / debounce: the task that holds the key), beside its idempotency key.
+DEDUPE_SUFFIX = ":dd"
+
+
+def dedupe(task_type: str, key: str) -> str:
+    """The task a throttled or debounced type's key names (admit.lua): its id, record and until when."""
+    return idempotency(task_type, key) + DEDUPE_SUFFIX
 
 
 def metrics_minute(minute: int) -> str:
@@ -315,4 +341,5 @@ def process_in_hand(process: str) -> str:
 #: gets its suffix from here, never from a literal of its own.
 LUA_CONSTANTS = ("DOORBELL_SUFFIX", "LANE_WAITING_SUFFIX", "LANE_LIMITED_SUFFIX", "LIMIT_BUCKET_SUFFIX",
                  "LIMIT_HOLDING_SUFFIX", "LIMIT_WAITING_SUFFIX", "LIMIT_PAUSED_SUFFIX", "CHAT_QUEUE_SUFFIX",
-                 "CHAT_RECORDS_SUFFIX", "LIMIT_INSTANCES_INFIX", "LIMIT_RING_INFIX", "LIMIT_CREDIT_INFIX")
+                 "CHAT_RECORDS_SUFFIX", "LIMIT_INSTANCES_INFIX", "LIMIT_RING_INFIX", "LIMIT_CREDIT_INFIX",
+                 "DEDUPE_SUFFIX", "TOMBSTONE_PREFIX", "DELAYED_PREFIX", "CHAT_WAITING_PREFIX", "CHAT_PREFIX")

@@ -31,7 +31,7 @@ class TaskRow:
     type: str = ""
     chat: str = ""
     attempt: int = 0
-    where: str = ""  # 'redis', 'tombstone', 'result row'
+    where: str = ""  # 'redis', 'just finished' (its tombstone), 'result row'
 
     @property
     def cancellable(self) -> bool:
@@ -58,7 +58,7 @@ def task(task_id: str) -> TaskRow | None:
             return TaskRow(task_id, _text(st), _text(lane), _text(ttype), _text(chat), int(att or 0), "redis")
     tomb = client.get(keys.tombstone(task_id))
     if tomb:
-        return TaskRow(task_id, _text(tomb).partition("|")[0], where="tombstone")
+        return TaskRow(task_id, _text(tomb).partition("|")[0], where="just finished")
     row: Any = TaskResult.objects.filter(task_id=task_id).values("status", "task_name").first()
     if row:
         return TaskRow(task_id, row["status"], type=row["task_name"] or "", where="result row")

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lanes.models import Lane, LaneEvent
 from ops import charts, control, metrics
+from ops import task_history as history_page
 from ops import task_search as search
 from tasks import cancel as cancelling
 
@@ -257,3 +258,16 @@ def lane_purge(request: HttpRequest, name: str) -> HttpResponse:
         "form_url": request.path,
     }
     return TemplateResponse(request, "admin/lanes/purge_confirm.html", context, status=400 if error else 200)
+
+
+def task_history(request: HttpRequest, task_id: str) -> HttpResponse:
+    """One task's history: dispatched, waiting, each attempt, retries, cancel, dead letter, result, progress."""
+    found = history_page.page(task_id)
+    context = {
+        **admin.site.each_context(request),
+        "title": f"Task {task_id}",
+        "task_id": task_id,
+        "task": found,
+        "search_url": reverse("dispatch-task-search"),
+    }
+    return TemplateResponse(request, "admin/lanes/task_history.html", context, status=200 if found else 404)

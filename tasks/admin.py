@@ -90,7 +90,7 @@ class TaskTypeForm(forms.ModelForm):
         if self.instance.pk and not self.is_bound:
             self.initial["limit_names"] = ", ".join(self.instance.limit_names())
         # Fields left out of a post (a form from before batching, or before store_result) keep their defaults.
-        for name in ("batch_size", "batch_window_ms", "store_result"):
+        for name in ("batch_size", "batch_window_ms", "store_result", "dedupe", "dedupe_window"):
             self.fields[name].required = False
         defined = list(Limit.objects.values_list("name", flat=True)[:50])
         if defined:
@@ -104,6 +104,12 @@ class TaskTypeForm(forms.ModelForm):
 
     def clean_store_result(self) -> str:
         return self._or_default("store_result")
+
+    def clean_dedupe(self) -> str:
+        return self._or_default("dedupe")
+
+    def clean_dedupe_window(self) -> float:
+        return self._or_default("dedupe_window")
 
     def _or_default(self, name: str) -> Any:
         value = self.cleaned_data.get(name)
@@ -147,6 +153,7 @@ class TaskTypeAdmin(ConfigSaveWarningMixin, admin.ModelAdmin):
         ("Ordering and bounds", {"fields": ("chat_scoped", "chat_queue_size", "max_payload_bytes",
                                             "idempotency_window")}),
         ("Callers", {"fields": ("shared",)}),
+        ("Throttle and debounce", {"fields": ("dedupe", "dedupe_window")}),
         ("Results", {"fields": ("store_result",)}),
         ("Batching (batched handlers only)", {"fields": ("batch_size", "batch_window_ms")}),
     )
@@ -228,9 +235,15 @@ class DeadLetterAdmin(admin.ModelAdmin):
 
     @admin.display(description="task")
     def task_link(self, obj):
+        # Each id opens its task's history page (ops.views.task_history).
+        mine = format_html('<a href="{}" class="history-link">{}</a>',
+                           reverse("dispatch-task-history", args=[obj.task_id]), obj.task_id[:8])
         if obj.requeued_task_id:
-            return format_html("{} → {}", obj.task_id[:8], obj.requeued_task_id[:8])
-        return obj.task_id[:8]
+            again = format_html('<a href="{}" class="history-link">{}</a>',
+                                reverse("dispatch-task-history", args=[obj.requeued_task_id]),
+                                obj.requeued_task_id[:8])
+            return format_html("{} → {}", mine, again)
+        return mine
 
     @admin.display(description="payload")
     def payload_pretty(self, obj):

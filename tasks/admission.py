@@ -28,10 +28,19 @@ from lanes.messages import Envelope, build_message, hard_limit_grace_s
 from lanes.priorities import to_kombu
 from tasks import cancel as cancelling
 from tasks import config, results
+from tasks import dedupe as dedupe_rules
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
 from tasks.schedule import due_at
-from tasks.validation import Checked, Invalid, check_dispatch, check_limits, shown
+from tasks.validation import (
+    MAX_IDEMPOTENCY_KEY_LEN,
+    Checked,
+    Invalid,
+    check_dispatch,
+    check_limits,
+    is_clean_text,
+    shown,
+)
 
 
 @dataclass
@@ -45,6 +54,8 @@ class DispatchResult:
     detail: str = ""
     duplicate: bool = False
     estimated_delay: float | None = None
+    #: The task a debounce replaced (it ends REVOKED, "replaced by" this one), else None.
+    replaced: str | None = None
     #: The task's chat ('' if none), so that ``cancel`` finds its record in one step; not in ``as_dict``.
     chat_id: str = field(default="", repr=False, compare=False)
     #: Its type's ``store_result``: where ``get`` waits for the outcome; not in ``as_dict``.
@@ -132,13 +143,22 @@ def script_chunk(snap: config.Snapshot, tc: config.TypeConf, context: ChunkConte
         accepting=lane is None or lane.accepting, capacity=lane.capacity if lane else 0,
         chat_queue_size=tc.chat_queue_size, idempotency_window_s=tc.idempotency_window_s,
         queued_lease_ms=context.queued_lease_ms, replace_idempotency=replace_idempotency,
+        **(_dedupe_args(tc) if tc.dedupe != "key" else {}),
     )
+
+
+def _dedupe_args(tc: config.TypeConf) -> dict[str, Any]:
+    """A throttled or debounced type's chunk arguments: its mode and window, and what a replacement's cancel
+    needs (as ``tasks.cancel`` gives cancel.lua)."""
+    return {"dedupe": tc.dedupe, "dedupe_window_ms": int(tc.dedupe_window_s * 1000),
+            "tombstone_ttl_s": cancelling.tombstone_ttl_s(), "settle_lease_ms": int(settings.DISPATCH_LEASE_S * 1000)}
 
 
 def prepare(
     snap: config.Snapshot, task_type: Any, payload: Any, *, task_id: str, context: ChunkContext,
     chat_id: Any = None, priority: Any = None, idempotency_key: Any = None, timeout: Any = None,
     metadata: Any = None, limit_key: Any = None, countdown: Any = None, eta: Any = None, retry_policy: Any = None,
+    dedupe_key: Any = None,
 ) -> Prepared:
     """Validate one dispatch against ``snap`` and build its message; raise ``Invalid`` naming what is wrong.
 
@@ -157,10 +177,16 @@ def prepare(
     bases = _limit_bases(tc, checked.chat_id, limit_key) if tc.limits or limit_key is not None else ()
     chat = checked.chat_id if tc.chat_scoped else ""
     now = context.now
+    key_text = checked.idempotency_key or ""
+    dedupe = ""
+    if dedupe_key is not None or tc.dedupe != "key":
+        dedupe = _dedupe_key(tc, key_text, dedupe_key)
     due = None
     if countdown is not None or eta is not None:
         due = due_at(countdown=countdown, eta=eta, now_s=now, deadline_s=now + checked.timeout_s,
                      max_delay_s=settings.DISPATCH_MAX_DELAY_S)
+    if dedupe and tc.dedupe == "debounce":  # sent for later by the window (or later still, if asked)
+        due = max(due or 0.0, now + tc.dedupe_window_s)
     if retry_policy is not None:
         _check_policy(retry_policy, snap)
     envelope = Envelope(
@@ -171,10 +197,11 @@ def prepare(
     )
     soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
     message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit, context.grace_s)
+    keep_key = not dedupe or dedupe_rules.keeps_idempotency(tc.dedupe, key_text, dedupe_key or "")
     item = admit.Item(
-        task_id, message, to_kombu(checked.priority), chat, checked.idempotency_key or "",
-        payload_digest(checked.payload_json) if checked.idempotency_key else "", envelope.deadline, bases,
-        due or 0.0,
+        task_id, message, to_kombu(checked.priority), chat, key_text if keep_key else "",
+        payload_digest(checked.payload_json) if key_text and keep_key else "", envelope.deadline, bases,
+        due or 0.0, dedupe,
     )
     return Prepared(tc, checked, now, task_id, item, due)
 
@@ -222,6 +249,13 @@ def _limit_bases(tc: config.TypeConf, chat_id: str, limit_key: Any) -> tuple[str
                        chat_id=chat_id)
     value = {"global": "", "chat": chat_id, "key": key}
     return tuple(keys.limit_base(ref.name, value[ref.scope]) for ref in tc.limits)
+
+
+def _dedupe_key(tc: config.TypeConf, idempotency_key: str, dedupe_key: Any) -> str:
+    """The key a throttle or debounce of ``tc`` goes by ('' none); ``invalid_dedupe_key`` for a bad one."""
+    if dedupe_key is not None and not is_clean_text(dedupe_key, MAX_IDEMPOTENCY_KEY_LEN):
+        raise Invalid("invalid_dedupe_key", f"dedupe_key must be 1..{MAX_IDEMPOTENCY_KEY_LEN} printable characters")
+    return dedupe_rules.dedupe_key_of(tc.dedupe, idempotency_key, dedupe_key or "")
 
 
 def _check_policy(name: Any, snap: config.Snapshot) -> None:
@@ -306,6 +340,10 @@ def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | 
         estimated, why = round(max(estimated or 0.0, due - now), 3), ""
     chat = checked.chat_id if tc.chat_scoped else ""
     result = DispatchResult(True, task_id, tc.lane, checked.priority, position, detail=why,
-                            estimated_delay=estimated, chat_id=chat, store_result=tc.store_result)
+                            estimated_delay=estimated, chat_id=chat, store_result=tc.store_result,
+                            replaced=reply.replaced or None)
     lifecycle.emit_queued(task_id, tc.name, tc.lane, chat)
+    if reply.replaced:
+        cancelling.settle_replaced(reply.replaced, reply.replaced_chat, dedupe_rules.replaced_detail(task_id),
+                                   tc.name, tc.lane)
     return result

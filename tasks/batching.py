@@ -33,7 +33,7 @@ from lanes.lua.claim_batch import claim_batch
 from lanes.lua.finish_batch import DoneItem, Latencies, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
 from lanes.messages import Envelope
-from tasks import config, results
+from tasks import config, history, results
 from tasks import signals as lifecycle
 from tasks.context import BatchItem, Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
@@ -197,6 +197,7 @@ class _Batch:
                 deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or item.task_id,
                 metadata=env.meta or {}, options=tc.options)))
             lifecycle.emit(lifecycle.task_started, functools.partial(item._info, now))
+            history.started(item.task_id, env, getattr(item.request, "hostname", None) or leases.process_id(), now)
         limit = min(tc.attempt_timeout_s, max(self.items[i].env.deadline - now for i in live))
         try:
             with _time_limit(limit, self.task.request):
@@ -262,6 +263,7 @@ class _Batch:
             item.request.dispatch_settle = (item.record, _ROW_STATE["done"])
             stored.append((item, result, states.SUCCESS))
             lifecycle.emit(lifecycle.task_finished, functools.partial(item._info, finished_at, outcome="succeeded"))
+            history.ended(item.task_id, item.env.attempt, "succeeded", at=finished_at)
         return stored
 
     def _store_rows(self, rows: list[tuple[Attempt, Any, str]]) -> None:

@@ -32,7 +32,7 @@ from lanes.lua.cancel import Cancelled
 from lanes.lua.cancel import cancel as lua_cancel
 from lanes.lua.forget import forget
 from lanes.redis_client import get_redis
-from tasks import results
+from tasks import history, results
 from tasks import signals as lifecycle
 from tasks.validation import MAX_CHAT_ID_LEN, MAX_IDEMPOTENCY_KEY_LEN, is_clean_text, scrub_text
 
@@ -192,8 +192,28 @@ def _run(detail: str, *, targets: Iterable[tuple[str, str]] = (), chat: str = ""
         waiting_only=waiting_only,
     )
     out = [_answer(found, detail) for found in answers]
+    _settle(answers, detail, _records(targets, chat, answers))
+    for answer in out:
+        if answer.outcome == "elsewhere":
+            continue
+        logger.info("task_cancel task=%s outcome=%s by=%r", answer.task_id, answer.outcome, detail)
+    return out
+
+
+def settle_replaced(task_id: str, chat: str, detail: str, task_type: str, lane: str) -> None:
+    """A debounced task admit.lua cancelled for a newer one (``detail``: "replaced by ..."): its REVOKED row,
+    then its record settled, as for any cancel (a caller that dies first leaves it to the settle lease)."""
+    found = Cancelled(task_id, "cancelled", "", lane, task_type, chat)
+    _settle([found], detail, [(task_id, keys.task_record(task_id, chat or None))])
+    logger.info("task_replaced task=%s by=%r", task_id, detail)
+
+
+def _settle(answers: list[Cancelled], detail: str, targets: list[tuple[str, str]]) -> None:
+    """The REVOKED rows of what cancel.lua cancelled, then their records (``targets``: id, record) settled."""
     settled = []
     for found in answers:
+        if found.outcome == "told":
+            history.note(found.task_id, "cancel_asked", detail=detail)  # it ends as its handler decides
         if found.outcome != "cancelled":
             continue
         try:
@@ -207,16 +227,13 @@ def _run(detail: str, *, targets: Iterable[tuple[str, str]] = (), chat: str = ""
             lifecycle.TaskInfo, found.task_id, found.type, found.lane, found.chat, outcome="cancelled",
             reason="cancelled", detail=detail))
     if settled:
-        records = [r for t, r in _records(targets, chat, answers) if t in settled]
+        pairs = [(t, r) for t, r in targets if t in settled]
+        history.cancelled_waiting(pairs, detail)
+        records = [r for _, r in pairs]
         try:
             forget(records)
         except redis.RedisError:  # their settle lease runs out; a worker settles them then
             logger.warning("cancelled_records_not_settled count=%d", len(records))
-    for answer in out:
-        if answer.outcome == "elsewhere":
-            continue
-        logger.info("task_cancel task=%s outcome=%s by=%r", answer.task_id, answer.outcome, detail)
-    return out
 
 
 def _records(targets: Iterable[tuple[str, str]], chat: str, answers: list[Cancelled]) -> list[tuple[str, str]]:

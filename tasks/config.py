@@ -63,6 +63,9 @@ class TypeConf:
     max_delay_s: float | None = None
     #: Which outcomes get a result row: 'always', 'failures' (dead letters and cancels) or 'never'.
     store_result: str = "always"
+    #: 'key', 'throttle' or 'debounce' (``tasks.dedupe``), and its window in seconds.
+    dedupe: str = "key"
+    dedupe_window_s: float = 0.0
 
     @property
     def needs_limit_key(self) -> bool:
@@ -135,6 +138,8 @@ def _load(version: str) -> Snapshot:
             shared=tt.shared,
             max_delay_s=tt.max_delay,
             store_result=tt.store_result,
+            dedupe=tt.dedupe,
+            dedupe_window_s=tt.dedupe_window,
         )
     _publish_limits(limits)
     return Snapshot(version, lanes, types, limits, db_revision, policies)

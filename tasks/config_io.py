@@ -24,7 +24,7 @@ LANE_FIELDS = ("capacity", "accepting", "description")
 LIMIT_FIELDS = ("scope", "rate", "burst", "max_in_flight", "fair_share", "weights", "window")
 TYPE_FIELDS = ("handler", "priority", "timeout", "attempt_timeout", "chat_scoped", "chat_queue_size",
                "max_payload_bytes", "idempotency_window", "enabled", "options", "batch_size", "batch_window_ms",
-               "shared", "max_delay", "store_result")
+               "shared", "max_delay", "store_result", "dedupe", "dedupe_window")
 
 
 def _entries(data: dict, section: str) -> list[dict]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from lanes.redis_client import get_redis
+from tasks.history import check_progress, report_progress
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,17 @@ class Context:
             return bool(get_redis().hexists(self._record, "cx"))
         except Exception:  # noqa: BLE001 - see the docstring
             return False
+
+    def progress(self, fraction: float, note: str | None = None) -> None:
+        """Report how far the task has come (0..1, with a short note), shown by the API, the admin and Flower.
+
+        Cheap: the value is kept in process and written beside the task at most
+        twice a second (the last one always: ``tasks.history``). A bad value
+        raises ``tasks.history.InvalidProgress`` (a ValueError) saying what is wrong.
+        """
+        check_progress(fraction, note)
+        if self._record:  # outside a worker there is no task to report on
+            report_progress(self.task_id, fraction, note)
 
     @property
     def remaining(self) -> float:

@@ -42,6 +42,7 @@ def admit(
     countdown: float | None = None,
     eta: datetime | str | None = None,
     retry_policy: str | None = None,
+    dedupe_key: str | None = None,
     _replace_idempotency: bool = False,
     _task_id: str | None = None,
 ) -> DispatchResult:
@@ -49,7 +50,8 @@ def admit(
 
     ``countdown`` (seconds) or ``eta`` (an aware datetime, or ISO 8601 text with
     an offset) sends it for later (``tasks.schedule``); ``retry_policy`` names the
-    RetryPolicy its failed attempts follow instead of its type's.
+    RetryPolicy its failed attempts follow instead of its type's. ``dedupe_key``: the key a
+    throttled or debounced type goes by instead of the idempotency key (``tasks.dedupe``).
 
     ``_task_id`` (a dead letter's requeue) fixes the new task's id: with
     ``_replace_idempotency`` a task of that id already stored answers ``dup``.
@@ -59,6 +61,8 @@ def admit(
         "metadata": metadata, "limit_key": limit_key, "countdown": countdown, "eta": eta,
         "retry_policy": retry_policy,
     }
+    if dedupe_key is not None:
+        options["dedupe_key"] = dedupe_key
     return admit_one(task_type, payload, options, task_id=_task_id or str(uuid.uuid4()),
                      replace_idempotency=_replace_idempotency)
 

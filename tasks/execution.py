@@ -38,7 +38,7 @@ from lanes.lua.retry import retry as lua_retry
 from lanes.lua.start import start as lua_start
 from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
-from tasks import config, dead_letters, results, validation
+from tasks import config, dead_letters, history, results, validation
 from tasks import signals as lifecycle
 from tasks.context import Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError, TaskCancelled
@@ -160,6 +160,7 @@ class Attempt:
         if now >= env.deadline:
             self._die("expired", f"deadline passed {now - env.deadline:.3f}s before the attempt could start")
         self.started_at = now
+        history.started(self.task_id, env, getattr(self.request, "hostname", None) or leases.process_id(), now)
         limit = min(tc.attempt_timeout_s, env.deadline - now)
         ctx = Context(
             task_id=self.task_id, type=env.type, lane=env.lane, chat_id=env.chat, attempt=env.attempt,
@@ -175,7 +176,8 @@ class Attempt:
         self.emit_finished(time.time())
 
     def emit_finished(self, finished_at: float) -> None:
-        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``)."""
+        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``), and its history."""
+        history.ended(self.task_id, self.env.attempt, "succeeded", at=finished_at)
         lifecycle.emit(lifecycle.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
 
     def _attempt(self, tc: config.TypeConf, ctx: Context, limit: float) -> tuple[Any, str]:
@@ -283,6 +285,8 @@ class Attempt:
         if reply[0] != b"ok":
             logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
             raise Ignore()
+        history.ended(self.task_id, env.attempt, "retry", at=now, error=f"{type(exc).__name__}: {exc}"[:500],
+                      delay_s=round(decision.delay_s, 3))
         logger.info("retry_scheduled task=%s attempt=%d delay=%.3fs error=%r",
                     self.task_id, env.attempt, decision.delay_s, exc)
         lifecycle.emit(lifecycle.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
@@ -303,6 +307,7 @@ class Attempt:
                                        admin_url=dead_letter_admin_url(self.task_id))
         self._finish("dead", json.dumps(str(failure)), reason)
         died_at = time.time()
+        history.ended(self.task_id, env.attempt, "dead", at=died_at, reason=reason, error=detail[:500])
         lifecycle.emit(lifecycle.task_finished,
                        lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
         raise failure
@@ -323,6 +328,7 @@ class Attempt:
         leases.settle(self.record)
         results.announce_revoked(self.task_id)
         ended_at = time.time()
+        history.ended(self.task_id, self.env.attempt, "cancelled", at=ended_at, detail=detail[:500])
         lifecycle.emit(lifecycle.task_finished,
                        lambda: self._info(ended_at, outcome="cancelled", reason="cancelled", detail=detail))
         logger.info("task_cancelled_running task=%s detail=%r", self.task_id, detail)

@@ -7,6 +7,7 @@ import re
 from django.core.exceptions import ValidationError
 from django.db import models
 
+from tasks import dedupe as dedupe_rules
 from tasks import registry
 from tasks.retry import MAX_TIMEOUT_S
 
@@ -206,6 +207,21 @@ class TaskType(models.Model):
                   "is a database write per task; without one, DispatchResult.get() reads the outcome Redis keeps "
                   "for a few minutes after the task ends.",
     )
+    class Dedupe(models.TextChoices):
+        KEY = "key", "key (idempotency: a key seen before answers its task)"
+        THROTTLE = "throttle", "throttle (the first of a key in the window runs; the rest answer duplicate)"
+        DEBOUNCE = "debounce", "debounce (each waits the window and replaces the one still waiting: the last runs)"
+
+    dedupe = models.CharField(
+        "dedupe", max_length=8, choices=Dedupe.choices, default=Dedupe.KEY,
+        help_text="How dispatches sharing a key (dedupe_key, else the idempotency key) collapse. Throttle and "
+                  "debounce go by the dedupe window; key is plain idempotency.",
+    )
+    dedupe_window = models.FloatField(
+        "dedupe window (s)", default=0,
+        help_text="Throttle: how long after the first dispatch of a key later ones answer duplicate. Debounce: "
+                  "how long each waits for a newer one to replace it (its countdown). Unused for key.",
+    )
     max_delay = models.FloatField(
         "max delay (s)", null=True, blank=True,
         help_text="Longest countdown / eta an API caller may ask for; empty: the type's timeout.",
@@ -268,6 +284,10 @@ class TaskType(models.Model):
             errors["batch_window_ms"] = f"Batch window must be between 0 and {MAX_BATCH_WINDOW_MS} ms."
         if self.max_delay is not None and not 0 <= self.max_delay <= MAX_TIMEOUT_S:
             errors["max_delay"] = f"Max delay must be between 0 and {MAX_TIMEOUT_S:.0f} seconds."
+        if self.dedupe_window is not None and "timeout" not in errors:
+            problem = dedupe_rules.window_problem(self.dedupe, self.dedupe_window, self.timeout)
+            if problem:
+                errors[problem[0]] = problem[1]
         if self.max_payload_bytes is not None and not 2 <= self.max_payload_bytes <= 8 * 1024 * 1024:
             errors["max_payload_bytes"] = "Max payload bytes must be between 2 and 8388608."
         if not isinstance(self.options, dict):

@@ -12,6 +12,7 @@ REJECTION_REASONS = (
     "invalid_timeout",
     "invalid_chat_id",
     "invalid_idempotency_key",
+    "invalid_dedupe_key",
     "invalid_metadata",
     "invalid_limit_key",
     "invalid_eta",

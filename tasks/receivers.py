@@ -27,7 +27,7 @@ from lanes import config_version, counters, leases
 from lanes.metrics import record_rejection
 from lanes.redis_client import get_redis
 from lanes.signals import message_unreadable
-from tasks import dead_letters, maintenance
+from tasks import dead_letters, history, maintenance
 from tasks.models import Limit, RetryPolicy, TaskType, TaskTypeLimit
 from tasks.signals import TaskInfo, task_rejected
 
@@ -50,6 +50,7 @@ def record_unreadable_message(sender: object, task_id: str, message: str, exc: B
 def settle_before_exit(**_: Any) -> None:
     leases.settle_now()
     counters.flush_quietly()  # a pool child exits without atexit hooks: its last counts go now
+    history.flush_quietly()
 
 
 def connect() -> None:

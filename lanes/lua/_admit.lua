@@ -63,10 +63,28 @@ local function admit_reject(c, pend, waiting_key, depth, reason)
   return 'rej', reason, depth
 end
 
+-- The debounced task ``id`` (its ``record``) replaced by ``by``, cancelled as cancel.lua cancels:
+-- its id and chat when it was (the caller stores its REVOKED row), else nil.
+local function replace_held(c, record, id, by)
+  local now = tonumber(c.now_ms)
+  local lease_until = now + tonumber(c.queued_lease_ms)
+  lim_setup(c.limit_prefix, c.lane_prefix, c.metrics_total, c.metrics_minute, now, c.leases, lease_until)
+  local detail = 'replaced by ' .. by
+  local p = {now = now, detail_json = cjson.encode(detail), detail_text = detail, tombstone_prefix = TOMBSTONE_PREFIX,
+    tombstone_ttl_s = c.tombstone_ttl_s, settle_lease_ms = c.settle_lease_ms, lease_until = lease_until,
+    chat_prefix = CHAT_PREFIX, chat_waiting_prefix = CHAT_WAITING_PREFIX, delayed_prefix = DELAYED_PREFIX,
+    lane_prefix = c.lane_prefix, leases = c.leases, deadlines = c.deadlines, chats = c.chats,
+    metrics_total = c.metrics_total, metrics_minute = c.metrics_minute, only_lane = '', waiting_only = true}
+  local outcome, _, _, _, chat = cancel_record(p, record, id)
+  if outcome ~= 'cancelled' then return nil, nil end
+  return id, chat or ''
+end
+
 -- Returns the item's reply as values, not a table (admit.lua builds the one it sends):
 -- status, then ('dup'|'conflict') task id, ('rej') reason and depth, or ('ok') position,
 -- depth, ahead, waits_on (limit instance base or ''), waiting_ahead, paused_ms and, when
--- ``read`` (the first item admitted of a call that asks), the lane's estimate inputs
+-- ``read`` (the first item admitted of a call that asks), the lane's estimate inputs, then the
+-- id and chat of the task a debounce replaced (nil: none)
 -- (admit.lua's header). Scores are written to ZADD as the strings they came as (the
 -- deadline; the lease's, once a call in ``pend``): a number made a string again costs a
 -- printf and a strtod each way, a fifth of a plain item's Redis time.
@@ -91,6 +109,20 @@ if digest ~= '' and not c.replace_idempotency then
   end
 end
 
+-- Throttle / debounce (tasks.dedupe): one decision on the task its dedupe key holds, if still in force.
+local held = nil
+if it.dedupe_key then
+  held = redis.call('HMGET', it.dedupe_key, 'task', 'rec', 'chat', 'until')
+  if not held[1] or (tonumber(held[4]) or 0) <= tonumber(c.now_ms) then
+    held = nil
+  elseif c.dedupe == 'throttle' then
+    return 'dup', held[1]  -- the first in the window runs, whatever this one's payload
+  else
+    local st = redis.call('HGET', held[2], 'st')
+    if st ~= 'scheduled' and st ~= 'queued' and st ~= 'limited' then held = nil end  -- started: plain
+  end
+end
+
 local due = it.due_ms == '0' and 0 or tonumber(it.due_ms)
 local waiting_key = c.lane_prefix .. c.lane .. LANE_WAITING_SUFFIX
 -- Deferred writes serve an item published directly; any other flushes what is pending first.
@@ -111,6 +143,19 @@ end
 
 if c.accepting ~= '1' then return admit_reject(c, pend, waiting_key, depth, 'lane_closed') end
 if depth >= c.capacity then return admit_reject(c, pend, waiting_key, depth, 'lane_full') end
+
+-- A debounce replaces the task still waiting for its key (cancel.lua's cancel_record): only once
+-- this one's own checks passed, so a refusal leaves the earlier one as it was.
+local replaced, replaced_chat = nil, nil
+if held then
+  if chat_id ~= '' then
+    local frees = held[3] == chat_id and 1 or 0
+    if redis.call('LLEN', it.chat_queue) - frees >= c.chat_queue_size then
+      return admit_reject(c, pend, waiting_key, depth, 'chat_queue_full')
+    end
+  end
+  replaced, replaced_chat = replace_held(c, held[2], held[1], task_id)
+end
 
 local position = depth + 1
 local publish = true
@@ -186,6 +231,13 @@ elseif direct then
     redis.call('ZADD', c.leases, tonumber(c.now_ms) + tonumber(c.queued_lease_ms), record)
   end
 end
+if it.dedupe_key then
+  -- A throttle's key is held for its window; a debounce's while its task may still wait (its deadline).
+  local until_ms = c.dedupe == 'throttle' and string.format('%.0f', tonumber(c.now_ms) + c.dedupe_window_ms)
+    or it.deadline_ms
+  redis.call('HSET', it.dedupe_key, 'task', task_id, 'rec', record, 'chat', chat_id, 'until', until_ms)
+  redis.call('PEXPIREAT', it.dedupe_key, until_ms)
+end
 if digest ~= '' then
   -- Its chat too (same command): a cancel by the key finds a chat-scoped record without a scan.
   redis.call('HSET', it.idempotency, 'task', task_id, 'digest', digest, 'chat', chat_id)
@@ -213,5 +265,5 @@ if read then
   inputs = {done[1] or '0', prev[1] or '0', done[2] or '0', prev[2] or '0',
     redis.call('SISMEMBER', c.paused_lanes, c.lane), redis.call('ZCOUNT', c.consumers, c.now_ms, '+inf')}
 end
-return 'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms, inputs
+return 'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms, inputs, replaced, replaced_chat
 end

@@ -11,7 +11,8 @@
 --   priority lists (kombu priority 0..9);
 --   then each item's: its record, then its idempotency key and that key's old format
 --   (read, never written, until keys stored before the upgrade have expired) when it
---   has a payload digest, then its chat's queue when it has a chat.
+--   has a payload digest, then its chat's queue when it has a chat, then its dedupe key
+--   (lanes.keys.dedupe: the task holding it) when it has one (a throttle or debounce).
 -- ARGV, the chunk's (SHARED_ARGS of them, in this order):
 --   version (expected config version), now_ms, lane, task_type, accepting '1'/'0',
 --   capacity (of the lane), chat_queue_size, idempotency_window_s, queued_lease_ms,
@@ -19,21 +20,27 @@
 --   from the dead letter, so a record of that id already here means an earlier
 --   requeue of the same row: answer 'dup'), limit_prefix (lanes.keys.LIMIT_PREFIX),
 --   lane_prefix (lanes.keys.LANE_PREFIX), read_estimate ('1': read the lane's
---   estimate inputs; '0': the caller has them from a recent call);
+--   estimate inputs; '0': the caller has them from a recent call), dedupe ('key' |
+--   'throttle' | 'debounce', tasks.dedupe), dedupe_window_ms, tombstone_ttl_s and
+--   settle_lease_ms (a debounce's replaced task is cancelled as cancel.lua does);
 --   then ITEM_ARGS an item: task_id, message (stored compact: lanes/messages.py),
 --   kombu_priority 0..9, chat ('' none), digest (of the payload; '' without an
 --   idempotency key), deadline_ms, limits (its limit instance bases, newline-separated;
 --   '' when its type names none: then nothing touches a limit key), due_ms ('0': now;
 --   a task sent for later is stored 'scheduled' with its due time in ``eta``: runnable,
 --   it waits in the delayed set with a lease at due + queued lease and promote.lua
---   publishes it; behind its chat's head it waits in the chat's queue, hand_over parks it).
+--   publishes it; behind its chat's head it waits in the chat's queue, hand_over parks it),
+--   dedupe ('1': its dedupe key is among its KEYS; '' none).
 --
 -- Returns {'stale', version} when the config changed (no item was looked at), else
 --   {inputs, reply 1, reply 2, ...}, one reply an item, in order:
 --   a number, its depth (accepted, no limit holds it, position depth + 1, its depth
 --   ahead: the common reply), {'ok', position, depth, ahead},
 --   {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms} (a limit holds it),
---   {'rej', reason, depth}, {'dup', task_id} or {'conflict', task_id};
+--   {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms, replaced, replaced_chat}
+--   (a debounce replaced the task still waiting for its key: its id and chat, now cancelled
+--   under a settle lease, for the caller to store its REVOKED row and settle it),
+--   {'rej', reason, depth}, {'dup', task_id} (also a throttle's: the first's id) or {'conflict', task_id};
 --   ``inputs``: the lane's estimate inputs {completed this minute, completed the
 --   previous minute, handler seconds this minute, the previous minute's, paused 0/1,
 --   live consumers}, read once a call by the first item admitted ({} when none was,
@@ -50,7 +57,7 @@
 -- Because Redis runs a script alone, a dispatch appending to a chat and a worker
 -- handing the chat over (finish.lua) never interleave (the seed's race cannot happen).
 
-local SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 13, 8
+local SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 17, 9
 local c = {
   config_version = KEYS[1], leases = KEYS[2], chat_waiting = KEYS[3], delayed = KEYS[4],
   metrics_total = KEYS[5], metrics_minute = KEYS[6], metrics_previous_minute = KEYS[7], chats = KEYS[8],
@@ -59,7 +66,8 @@ local c = {
   version = ARGV[1], now_ms = ARGV[2], lane = ARGV[3], task_type = ARGV[4], accepting = ARGV[5],
   capacity = tonumber(ARGV[6]), chat_queue_size = tonumber(ARGV[7]), idempotency_window_s = ARGV[8],
   queued_lease_ms = ARGV[9], replace_idempotency = ARGV[10] == '1', limit_prefix = ARGV[11],
-  lane_prefix = ARGV[12], read_estimate = ARGV[13] == '1',
+  lane_prefix = ARGV[12], read_estimate = ARGV[13] == '1', dedupe = ARGV[14], dedupe_window_ms = tonumber(ARGV[15]),
+  tombstone_ttl_s = tonumber(ARGV[16]), settle_lease_ms = tonumber(ARGV[17]),
 }
 local items = (#ARGV - SHARED_ARGS) / ITEM_ARGS
 
@@ -69,6 +77,7 @@ local function read_item(it, n, k)
   it.task_id, it.message, it.kombu_priority, it.chat = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4]
   it.digest, it.deadline_ms, it.limits, it.due_ms = ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], ARGV[a + 8]
   it.record, it.idempotency, it.legacy_idempotency, it.chat_queue = KEYS[k], nil, nil, nil
+  it.dedupe_key = nil
   k = k + 1
   if it.digest ~= '' then
     it.idempotency, it.legacy_idempotency = KEYS[k], KEYS[k + 1]
@@ -78,9 +87,14 @@ local function read_item(it, n, k)
     it.chat_queue = KEYS[k]
     k = k + 1
   end
+  if ARGV[a + 9] == '1' then
+    it.dedupe_key = KEYS[k]
+    k = k + 1
+  end
   return k
 end
 
+--! include _cancel.lua
 --! include _admit.lua
 
 local version = redis.call('GET', c.config_version) or '0'
@@ -97,10 +111,13 @@ local k = SHARED_KEYS + 1
 for n = 0, items - 1 do
   k = read_item(it, n, k)
   local read = c.read_estimate and not estimate
-  local status, position, depth, ahead, waits_on, waiting_ahead, paused_ms, inputs = admit_one(c, it, pend, read)
+  local status, position, depth, ahead, waits_on, waiting_ahead, paused_ms, inputs, replaced, replaced_chat =
+    admit_one(c, it, pend, read)
   if status == 'ok' then
     if read then estimate = inputs end
-    if waits_on ~= '' then
+    if replaced then
+      replies[n + 2] = {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms, replaced, replaced_chat}
+    elseif waits_on ~= '' then
       replies[n + 2] = {'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms}
     elseif position == depth + 1 and ahead == depth then
       replies[n + 2] = depth  -- the common reply, a number

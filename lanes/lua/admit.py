@@ -25,7 +25,7 @@ from lanes.lua.loader import utf8_length as _length
 
 NAME = "admit"
 #: admit.lua's layout (its header): the chunk's keys and arguments, then each item's arguments.
-SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 13, 8
+SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 17, 9
 
 
 class Chunk(NamedTuple):
@@ -43,6 +43,12 @@ class Chunk(NamedTuple):
     queued_lease_ms: int
     #: A dead letter's requeue: its fixed task id already stored answers ``Duplicate``.
     replace_idempotency: bool = False
+    #: The type's dedupe mode ('key', 'throttle', 'debounce': ``tasks.dedupe``) and its window.
+    dedupe: str = "key"
+    dedupe_window_ms: int = 0
+    #: A debounce cancels the task it replaces as ``tasks.cancel`` does: its tombstone's life, its settle lease.
+    tombstone_ttl_s: int = 0
+    settle_lease_ms: int = 0
 
 
 @dataclass(slots=True)
@@ -61,6 +67,8 @@ class Item:
     limits: tuple[str, ...] = ()
     #: Epoch seconds a task sent for later is due at (0: now).
     due: float = 0.0
+    #: The key a throttle or debounce goes by ('' none: admitted as plain).
+    dedupe_key: str = ""
 
 
 class EstimateInputs(NamedTuple):
@@ -84,6 +92,8 @@ class Admitted(NamedTuple):
     waits_on: str = ""  # the limit instance base it waits on ('': none holds it)
     waiting_ahead: int = 0  # tasks waiting on that instance before it
     paused_ms: int = 0  # that instance's Retry-After pause left
+    replaced: str = ""  # the task a debounce replaced (cancelled: its REVOKED row is the caller's to store)
+    replaced_chat: str = ""  # that task's chat ('' none)
 
 
 class Rejected(NamedTuple):
@@ -92,7 +102,8 @@ class Rejected(NamedTuple):
 
 
 class Duplicate(NamedTuple):
-    """Its idempotency key names a task stored before (or a requeue's task id exists): that one."""
+    """Its idempotency key names a task stored before (or a requeue's task id exists), or a throttle's key
+    the first task of its window: that one."""
 
     task_id: str
 
@@ -216,7 +227,10 @@ def decode(reply: Any, count: int, chunk: Chunk, cached: EstimateInputs | None =
         if status == b"ok":
             if estimate is None:
                 raise ValueError("admit.lua answered 'ok' without the estimate inputs")
-            if len(item) > 4:
+            if len(item) > 7:
+                out.append(Admitted(int(item[1]), int(item[2]), int(item[3]), estimate, item[4].decode(),
+                                    int(item[5]), int(item[6]), item[7].decode(), item[8].decode()))
+            elif len(item) > 4:
                 out.append(Admitted(int(item[1]), int(item[2]), int(item[3]), estimate, item[4].decode(),
                                     int(item[5]), int(item[6])))
             else:
@@ -251,7 +265,8 @@ def shared_args(chunk: Chunk, read_estimate: bool) -> list[Any]:
     return [chunk.version, int(chunk.now * 1000), chunk.lane, chunk.task_type, "1" if chunk.accepting else "0",
             chunk.capacity, chunk.chat_queue_size, chunk.idempotency_window_s, chunk.queued_lease_ms,
             "1" if chunk.replace_idempotency else "0", keys.LIMIT_PREFIX, keys.LANE_PREFIX,
-            "1" if read_estimate else "0"]
+            "1" if read_estimate else "0", chunk.dedupe, chunk.dedupe_window_ms, chunk.tombstone_ttl_s,
+            chunk.settle_lease_ms]
 
 
 def packed(chunk: Chunk, items: Sequence[Item], *, read_estimate: bool = True) -> Packed:
@@ -280,6 +295,10 @@ def packed(chunk: Chunk, items: Sequence[Item], *, read_estimate: bool = True) -
         if chat:
             key_text.append(bulk_strings((chat_queue(chat),)))
             count += 1
+        dedupe = "1" if item.dedupe_key else ""
+        if dedupe:
+            key_text.append(bulk_strings((keys.dedupe(task_type, item.dedupe_key),)))
+            count += 1
         limits = item.limits
         limit_text = "\n".join(limits) if limits else ""
         deadline, due = _ms(item.deadline), _ms(item.due)
@@ -288,7 +307,7 @@ def packed(chunk: Chunk, items: Sequence[Item], *, read_estimate: bool = True) -
             f"${_length(task_id)}\r\n{task_id}\r\n${_length(message)}\r\n{message}\r\n"
             f"${len(priority)}\r\n{priority}\r\n${_length(chat)}\r\n{chat}\r\n${len(digest)}\r\n{digest}\r\n"
             f"${len(deadline)}\r\n{deadline}\r\n${_length(limit_text)}\r\n{limit_text}\r\n"
-            f"${len(due)}\r\n{due}\r\n")
+            f"${len(due)}\r\n{due}\r\n${len(dedupe)}\r\n{dedupe}\r\n")
     numkeys = SHARED_KEYS + len(items) + count
     text = "".join(key_text) + _shared_args_text(chunk, read_estimate) + "".join(arg_text)
     return Packed(numkeys, numkeys + SHARED_ARGS + ITEM_ARGS * len(items), text.encode())
@@ -304,7 +323,14 @@ def _shared_args_text(chunk: Chunk, read_estimate: bool) -> str:
             f"$1\r\n{'1' if chunk.accepting else '0'}\r\n${len(capacity)}\r\n{capacity}\r\n"
             f"${len(size)}\r\n{size}\r\n${len(window)}\r\n{window}\r\n${len(lease)}\r\n{lease}\r\n"
             f"$1\r\n{'1' if chunk.replace_idempotency else '0'}\r\n{_PREFIXES_TEXT}"
-            f"$1\r\n{'1' if read_estimate else '0'}\r\n")
+            f"$1\r\n{'1' if read_estimate else '0'}\r\n"
+            f"{_dedupe_args_text(chunk.dedupe, chunk.dedupe_window_ms, chunk.tombstone_ttl_s, chunk.settle_lease_ms)}")
+
+
+@functools.lru_cache(maxsize=256)
+def _dedupe_args_text(dedupe: str, window_ms: int, tombstone_ttl_s: int, settle_lease_ms: int) -> str:
+    """A chunk's dedupe arguments in Redis' protocol (a lookup: a type's are the same each call)."""
+    return bulk_strings((dedupe, str(int(window_ms)), str(int(tombstone_ttl_s)), str(int(settle_lease_ms))))
 
 
 #: The key prefixes among admit.lua's chunk arguments, in Redis' protocol.

@@ -57,62 +57,14 @@ local function answer(task_id, outcome, detail, lane, ttype, chat)
   out[#out + 1] = chat or ''
 end
 
-local function cancel_one(record, task_id)
-  local f = redis.call('HMGET', record, 'st', 'lane', 'type', 'chat', 'q', 'pub', 'msg', 'lim', 'lw', 'res')
-  local st, lane, chat = f[1], f[2], f[4]
-  if not st then
-    local tomb = redis.call('GET', tombstone_prefix .. task_id)
-    if not tomb then return answer(task_id, 'unknown') end
-    local outcome, rest = string.match(tomb, '^([^|]*)|(.*)$')
-    if outcome == 'cancelled' then outcome = 'already' end
-    return answer(task_id, outcome or 'done', rest)
-  end
-  if st == 'done' or st == 'dead' then return answer(task_id, st, f[10]) end
-  if st == 'cancelled' then return answer(task_id, 'already', f[10]) end
-  if only_lane ~= '' and lane ~= only_lane then return answer(task_id, 'elsewhere') end
-  if st == 'running' then
-    if waiting_only then return answer(task_id, 'skipped', 'running') end
-    -- Told, not stopped: its handler reads ctx.cancelled; it is never retried (retry.lua).
-    redis.call('HSETNX', record, 'cx', detail_text)
-    return answer(task_id, 'told')
-  end
-  if st ~= 'queued' and st ~= 'retry' and st ~= 'scheduled' and st ~= 'limited' then
-    return answer(task_id, 'skipped', 'state ' .. st)
-  end
-  if st == 'limited' then
-    if f[9] and redis.call('ZREM', f[9] .. LIMIT_WAITING_SUFFIX, record) == 1 then lim_count(f[9], -1) end
-    lim_lane_waiting(lane, -1)
-  elseif st == 'queued' and f[6] and f[6] ~= '0' then
-    -- Its copy in the lane list (kombu pops from the tail: search from there).
-    redis.call('LREM', f[5], -1, list_item(record, f[6]))
-  end
-  -- Scheduled or parked for a retry: it leaves the lane's delayed set (whatever its state says).
-  redis.call('ZREM', delayed_prefix .. lane, record)
-  redis.call('HSET', record, 'st', 'cancelled', 'res', detail_json, 'own', '')
-  redis.call('HDEL', record, 'lw', 'ls')
-  if st == 'queued' and f[8] then lim_release(record, f[8]) end
-  if chat and chat ~= '' then
-    local tagged = chat_prefix .. '{' .. chat .. '}'
-    local queue = tagged .. CHAT_QUEUE_SUFFIX
-    if redis.call('LINDEX', queue, 0) == task_id then
-      hand_over(queue, chat, tagged .. CHAT_RECORDS_SUFFIX, chats, leases, lease_until, chat_waiting_prefix)
-    elseif redis.call('LREM', queue, 1, task_id) > 0 then
-      if tonumber(redis.call('ZINCRBY', chats, -1, chat)) <= 0 then redis.call('ZREM', chats, chat) end
-      -- Behind its head (never published): counted as waiting behind its chat, whether
-      -- queued or sent for later ('scheduled' waits in the chat queue until handed over).
-      if (st == 'queued' or st == 'scheduled') and (f[6] or '0') == '0' then
-        local waiting = chat_waiting_prefix .. lane
-        if tonumber(redis.call('DECR', waiting)) <= 0 then redis.call('DEL', waiting) end
-      end
-    end
-  end
-  redis.call('SET', tombstone_prefix .. task_id, 'cancelled|' .. detail_json, 'EX', tombstone_ttl_s)
-  -- It leaves the deadlines set, and its lane's waiting count with it (_lib.lua).
-  waiting_remove(deadlines, record, lane_prefix, lane)
-  redis.call('ZADD', leases, now + settle_lease_ms, record)
-  count_to(metrics_total, metrics_minute, 'cancelled|' .. lane .. '|' .. (f[3] or ''))
-  return answer(task_id, 'cancelled', '', lane, f[3], chat)
-end
+--! include _cancel.lua
+
+local p = {now = now, detail_json = detail_json, detail_text = detail_text, tombstone_prefix = tombstone_prefix,
+  tombstone_ttl_s = tombstone_ttl_s, settle_lease_ms = settle_lease_ms, lease_until = lease_until,
+  chat_prefix = chat_prefix, chat_waiting_prefix = chat_waiting_prefix, delayed_prefix = delayed_prefix,
+  lane_prefix = lane_prefix, leases = leases, deadlines = deadlines, chats = chats, metrics_total = metrics_total,
+  metrics_minute = metrics_minute, only_lane = only_lane, waiting_only = waiting_only}
+local function cancel_one(record, task_id) answer(task_id, cancel_record(p, record, task_id)) end
 
 if mode == 'chat' then
   local records = chat_prefix .. '{' .. chat_id .. '}' .. CHAT_RECORDS_SUFFIX

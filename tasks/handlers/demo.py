@@ -5,6 +5,7 @@ import time
 from typing import Any
 
 from tasks.errors import NonRetryableError, RetryableError
+from tasks.history import InvalidProgress
 from tasks.registry import BatchItem, Context, handler
 
 
@@ -37,6 +38,26 @@ def flaky(payload: dict, ctx: Context) -> dict:
     if mode == "unserializable":
         return {"a set": {1, 2}}
     return payload
+
+
+@handler("demo.progress")
+def progress(payload: dict, ctx: Context) -> dict:
+    """Report progress in ``payload["steps"]`` steps (default 10), ``payload["sleep"]`` seconds apart.
+
+    ``payload["note"]`` is each step's note (default "step i of n"); ``payload["bad"]``
+    reports that value instead and returns the refusal's message (for trying the checks).
+    """
+    if "bad" in payload:
+        try:
+            ctx.progress(payload["bad"], payload.get("note"))
+        except InvalidProgress as exc:
+            return {"refused": str(exc)}
+        return {"refused": None}
+    steps = max(1, min(int(payload.get("steps", 10)), 10_000))
+    for i in range(1, steps + 1):
+        _sleep(payload)
+        ctx.progress(i / steps, payload.get("note") or f"step {i} of {steps}")
+    return {"steps": steps}
 
 
 def _sleep(payload: dict) -> None:

@@ -156,10 +156,12 @@ def test_task_type_add_form(client, refs, data, enabled, chat_scoped):
         "timeout": _num(100, 3600, False), "attempt_timeout": _num(0.01, 100, False),
         "options": st.just(json.dumps({"url": "http://127.0.0.1:9/x"})), "chat_queue_size": _num(1, 100000),
         "max_payload_bytes": _num(2, 8 * 1024 * 1024), "idempotency_window": _num(0, 10**6),
+        "dedupe": st.sampled_from(["key", "throttle", "debounce"]), "dedupe_window": _num(0.001, 99, False),
     }, wild={
         "name": ANY_TEXT, "handler": st.sampled_from(["os.system", "demo.echo "]) | ANY_TEXT, "priority": NUMBER,
         "timeout": NUMBER, "attempt_timeout": NUMBER, "options": OPTIONS, "chat_queue_size": NUMBER,
         "max_payload_bytes": NUMBER, "idempotency_window": NUMBER,
+        "dedupe": st.sampled_from(["Throttle", "sometimes", "", "debounce "]) | ANY_TEXT, "dedupe_window": NUMBER,
     })
     if form["handler"] == "demo.echo" and form["options"] == json.dumps({"url": "http://127.0.0.1:9/x"}):
         form["options"] = "{}"  # demo.echo declares no options: only a broken draw should send some
@@ -176,4 +178,7 @@ def test_task_type_add_form(client, refs, data, enabled, chat_scoped):
         assert _close(row.timeout, form["timeout"]) and _close(row.attempt_timeout, form["attempt_timeout"])
         assert row.attempt_timeout <= row.timeout
         assert row.enabled is enabled and row.chat_scoped is chat_scoped
+        assert row.dedupe == (form["dedupe"] or "key")
+        if row.dedupe != "key":
+            assert 0 < row.dedupe_window < row.timeout or row.dedupe == "throttle"
         row.full_clean()

@@ -21,6 +21,8 @@ def chunks(draw):
         version=draw(st.sampled_from(["1", "17"])), now=now, lane=draw(st.sampled_from(["bulk", "lané"])),
         task_type=draw(st.sampled_from(["t.plain", "t.ünï"])), accepting=draw(st.booleans()), capacity=1000,
         chat_queue_size=50, idempotency_window_s=3600, queued_lease_ms=30000, replace_idempotency=draw(st.booleans()),
+        dedupe=draw(st.sampled_from(["key", "throttle", "debounce"])), dedupe_window_ms=draw(st.integers(0, 10**8)),
+        tombstone_ttl_s=draw(st.integers(0, 10**6)), settle_lease_ms=draw(st.integers(0, 10**6)),
     )
     items = []
     for _ in range(draw(st.integers(1, 6))):
@@ -31,6 +33,7 @@ def chunks(draw):
             idempotency_key=key, payload_digest=draw(st.sampled_from(["", "ab" * 16])) if key else "",
             deadline=now + draw(st.floats(1, 86400)), limits=tuple(draw(st.lists(text.filter(bool), max_size=2))),
             due=draw(st.one_of(st.just(0.0), st.floats(now, now + 3600))),
+            dedupe_key=draw(st.one_of(st.just(""), text.filter(bool))),
         ))
     return chunk, items, draw(st.booleans())
 

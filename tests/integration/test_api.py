@@ -98,7 +98,7 @@ def test_dispatch_accepted_is_202_and_runs(lane_worker, echo_type, api):
     body = _body(r)
     assert body["accepted"] is True and body["priority"] == 7 and body["queue"] == "t-default"
     assert set(body) == {"accepted", "task_id", "queue", "priority", "position", "reason", "detail", "duplicate",
-                         "estimated_delay"}
+                         "estimated_delay", "replaced"}
     state = wait_until(lambda: (s := _body(api.get(f"/tasks/{body['task_id']}")))["state"] == "SUCCESS" and s,
                        timeout=30, what="the task's SUCCESS")
     assert state["result"] == {"hello": 1} and state["task_name"] == echo_type and state["dead_letter"] is None

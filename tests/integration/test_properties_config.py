@@ -46,7 +46,13 @@ def task_types(draw, name: str, lane: str, policy: str) -> dict:
     from tasks.retry import MAX_TIMEOUT_S
 
     timeout = draw(st.floats(0.001, MAX_TIMEOUT_S, **finite))
-    return {"name": name, "lane": lane, "retry_policy": policy, "handler": "demo.echo",
+    dedupe = draw(st.sampled_from(["key", "throttle", "debounce"]))
+    if dedupe == "debounce":  # its window delays each task: below the timeout
+        window = min(timeout * draw(st.floats(0.01, 0.99, **finite)), 86400.0)
+    else:
+        window = draw(st.floats(0.0 if dedupe == "key" else 0.001, 86400, **finite))
+    return {"name": name, "dedupe": dedupe, "dedupe_window": window,
+            "lane": lane, "retry_policy": policy, "handler": "demo.echo",
             "priority": draw(st.integers(0, 9)), "timeout": timeout,
             "attempt_timeout": draw(st.floats(0.001, timeout, **finite)), "chat_scoped": draw(st.booleans()),
             "chat_queue_size": draw(st.integers(1, 100000)), "max_payload_bytes": draw(st.integers(2, 8 * 1024 * 1024)),
@@ -80,12 +86,13 @@ FIELDS = {
     "retry_policies": ("max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter"),
     "lanes": ("capacity", "accepting", "description"),
     "task_types": ("handler", "priority", "timeout", "attempt_timeout", "chat_scoped", "chat_queue_size",
-                   "max_payload_bytes", "idempotency_window", "enabled", "options"),
+                   "max_payload_bytes", "idempotency_window", "enabled", "options", "dedupe", "dedupe_window"),
 }
 
 #: Mutations that always make a document invalid, and ones that may or may not (a wrong-typed value
 #: Django converts, e.g. ``True`` for a capacity, is fine either way as long as it is stored or named).
-ALWAYS_BAD = {"bad_name", "unknown_key", "missing_ref", "missing_required", "duplicate", "bad_text", "not_object"}
+ALWAYS_BAD = {"bad_name", "unknown_key", "missing_ref", "missing_required", "duplicate", "bad_text", "not_object",
+              "bad_dedupe"}
 
 
 @st.composite
@@ -100,7 +107,7 @@ def mutated(draw) -> tuple[dict, str | None, str, str]:
     entry = doc[section][index]
     kinds = ["bad_value", "bad_name", "unknown_key", "duplicate", "bad_text", "not_object"]
     if section == "task_types":
-        kinds += ["missing_ref", "missing_required", "bad_handler"]
+        kinds += ["missing_ref", "missing_required", "bad_handler", "bad_dedupe"]
     if section == "lanes":
         kinds += ["reserved_lane"]
     kind = draw(st.sampled_from(kinds))
@@ -142,6 +149,14 @@ def mutated(draw) -> tuple[dict, str | None, str, str]:
         field = draw(st.sampled_from(REQUIRED[section]))
         del entry[field]
         where = f"{where} {entry['name']!r}: {field}"
+    elif kind == "bad_dedupe":
+        # A mode outside the three, a throttle or debounce without a window, a debounce past its timeout.
+        bad = draw(st.sampled_from([("mode", "sometimes"), ("mode", "Throttle"), ("throttle", 0), ("debounce", 0),
+                                    ("debounce", "timeout"), ("key", -1), ("throttle", 86401)]))
+        entry["dedupe"] = bad[1] if bad[0] == "mode" else bad[0]
+        if bad[0] != "mode":
+            entry["dedupe_window"] = entry["timeout"] if bad[1] == "timeout" else bad[1]
+        where = f"{where} {entry['name']!r}: {'dedupe' if bad[0] == 'mode' else 'dedupe_window'}"
     elif kind == "bad_handler":
         entry["handler"] = draw(st.sampled_from(["os.system", "", "demo.echo ", "http.post"]))
         where = f"{where} {entry['name']!r}: "
@@ -174,6 +189,14 @@ def _same(a, b) -> bool:
                "lanes[0] 'hp-desc': description", "bad_text", ""))  # found: stored on SQLite, refused by PostgreSQL
 @example(case=({"lanes": [{"name": "hp-dup"}, {"name": "hp-dup", "capacity": 3}]},
                "lanes[1] 'hp-dup': name: duplicate of lanes[0]", "duplicate", ""))  # found: the last one won silently
+@example(case=({"retry_policies": [{"name": "hp-ddp"}], "lanes": [{"name": "hp-ddl"}],
+                "task_types": [{"name": "hp.dd", "lane": "hp-ddl", "retry_policy": "hp-ddp", "handler": "demo.echo",
+                                "timeout": 30, "attempt_timeout": 10, "dedupe": "debounce", "dedupe_window": 60}]},
+               "task_types[0] 'hp.dd': dedupe_window", "bad_dedupe", "timeout"))
+@example(case=({"retry_policies": [{"name": "hp-ddp"}], "lanes": [{"name": "hp-ddl"}],
+                "task_types": [{"name": "hp.dd", "lane": "hp-ddl", "retry_policy": "hp-ddp", "handler": "demo.echo",
+                                "dedupe": "sometimes"}]},
+               "task_types[0] 'hp.dd': dedupe", "bad_dedupe", "throttle"))
 def test_apply_config_is_all_or_nothing_and_names_the_bad_entry(case):
     from tasks.config_io import apply_config, export_config
     from tasks.errors import ConfigError

@@ -26,6 +26,9 @@ def keys_and_args(chunk: Chunk, items: Sequence[Item], *,
                           keys.legacy_idempotency(chunk.task_type, item.idempotency_key))
         if item.chat:
             item_keys.append(keys.chat_queue(item.chat))
+        if item.dedupe_key:
+            item_keys.append(keys.dedupe(chunk.task_type, item.dedupe_key))
         item_args += (item.task_id, item.message, item.kombu_priority, item.chat, digest,
-                      int(item.deadline * 1000), "\n".join(item.limits), int(item.due * 1000))
+                      int(item.deadline * 1000), "\n".join(item.limits), int(item.due * 1000),
+                      "1" if item.dedupe_key else "")
     return shared_keys(chunk) + item_keys, shared_args(chunk, read_estimate) + item_args

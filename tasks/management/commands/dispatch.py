@@ -60,6 +60,8 @@ class Command(BaseCommand):
         parser.add_argument("--countdown", type=float, help="send later: seconds from now")
         parser.add_argument("--eta", help="send later: ISO 8601 time with an offset")
         parser.add_argument("--retry-policy", help="a retry policy's name (instead of the type's)")
+        parser.add_argument("--dedupe-key", help="the key a throttled or debounced type goes by (else the "
+                                                 "idempotency key)")
         parser.add_argument("--wait", action="store_true", help="wait for the task's outcome")
         parser.add_argument("--wait-timeout", type=float, default=60.0, help="seconds --wait waits")
 
@@ -75,7 +77,7 @@ class Command(BaseCommand):
             opts["task_type"], payload, chat_id=opts["chat_id"], priority=opts["priority"],
             idempotency_key=opts["idempotency_key"], timeout=opts["timeout"], metadata=metadata,
             limit_key=opts["limit_key"], countdown=opts["countdown"], eta=opts["eta"],
-            retry_policy=opts["retry_policy"],
+            retry_policy=opts["retry_policy"], dedupe_key=opts["dedupe_key"],
             _task_id=owners.CLI_PREFIX + str(uuid.uuid4()),  # the task remembers it came from the CLI
         )
         out = result.as_dict()
@@ -105,7 +107,7 @@ class Command(BaseCommand):
             raise SystemExit(code)
 
     def _dispatch_file(self, opts: dict, metadata: object) -> None:
-        for clash in ("payload", "idempotency_key", "wait"):
+        for clash in ("payload", "idempotency_key", "dedupe_key", "wait"):
             if opts[clash]:
                 flag = "--" + clash.replace("_", "-")
                 raise CommandError(f"{flag} does not go with --payloads-file (give it per line in the file)",

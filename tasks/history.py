@@ -1,0 +1,328 @@
+"""A task's own history (dispatched, each attempt, retries, cancel, dead letter, result) and its progress.
+
+Why it is built this way: the worker's steps are one Redis call each and must
+stay so (the Redis budget, docs/redis-budget.md). So nothing here runs inside
+those calls or waits on Redis: an event (``started``, ``succeeded``,
+``retry``, ...) is a line of JSON appended to an in-process buffer, and one
+daemon thread per process writes the buffer every :data:`FLUSH_EVERY_S` in one
+pipelined round trip. Per task that is an ``RPUSH`` of its events onto its own
+list (``keys.task_history``: by task id alone, so it outlives the record) and an
+``EXPIRE`` the first time (``DISPATCH_HISTORY_TTL_S``, else as long as the
+result row: Celery's ``result_expires``); a task that starts and ends within
+one flush costs those two commands and no round trip of its own. An attempt
+adds at most one event per delivery (``DISPATCH_MAX_DELIVERIES``) and one for
+its end, so a list stays short; from attempt :data:`TRIM_FROM_ATTEMPT` on, each
+write also trims it to its last :data:`HISTORY_MAX` events.
+
+``ctx.progress(fraction, note)`` is the same: the handler's thread only keeps
+the latest value; the thread writes it (one ``SET`` with the same expiry) at
+most once per :data:`PROGRESS_EVERY_S` per task, and the last value at the end
+of the attempt.
+
+What it costs: a reader sees an event up to a flush late; a process killed
+with SIGKILL loses its last flush of events (the task's state, its dead letter
+and its result row are elsewhere and are read beside the events, so the page
+still says how it ended). A task that never reached a worker (expired,
+cancelled while it waited) has no ``started`` event: 0 attempts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import json
+import logging
+import math
+import os
+import threading
+import time
+from typing import Any
+
+import orjson
+from django.conf import settings
+
+from lanes import keys
+from lanes.forksafe import ForkSafeLock
+from tasks.owners import owner_of
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two writes of the buffered events and progress.
+FLUSH_EVERY_S = 0.2
+#: Least seconds between two progress writes of one task (the last value is always written).
+PROGRESS_EVERY_S = 0.5
+#: Longest progress note, in characters.
+NOTE_MAX = 200
+#: Events kept per task (the latest); a task's list is trimmed once its attempts reach TRIM_FROM_ATTEMPT.
+HISTORY_MAX = 100
+TRIM_FROM_ATTEMPT = 20
+#: Events buffered at most while Redis does not take them; more are dropped (statistics, not state).
+PENDING_MAX = 50_000
+#: Seconds a history is kept when Celery keeps results forever (``result_expires`` None).
+DEFAULT_RETENTION_S = 30 * 86400
+
+
+class InvalidProgress(ValueError):
+    """A ``ctx.progress`` value that cannot be shown: the message says which and why."""
+
+
+def check_progress(fraction: Any, note: Any = None) -> tuple[float, str]:
+    """``(fraction, note)`` as stored, or ``InvalidProgress`` naming what is wrong (pure)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+        raise InvalidProgress(f"progress fraction must be a number from 0 to 1, not {type(fraction).__name__}")
+    value = float(fraction)
+    if not math.isfinite(value) or not 0.0 <= value <= 1.0:
+        raise InvalidProgress(f"progress fraction must be from 0 to 1, got {value!r}")
+    if note is None:
+        return value, ""
+    if not isinstance(note, str):
+        raise InvalidProgress(f"progress note must be text, not {type(note).__name__}")
+    if len(note) > NOTE_MAX:
+        raise InvalidProgress(f"progress note is {len(note)} characters; at most {NOTE_MAX}")
+    if not note.isprintable():
+        raise InvalidProgress("progress note must be printable text (no newlines, tabs or control characters)")
+    return value, note
+
+
+# -- writing ------------------------------------------------------------------
+
+_lock = ForkSafeLock()
+#: task id -> events (JSON text) not yet written, in order.
+_events: dict[str, list[str]] = {}
+#: task ids whose list has had its expiry set by this process.
+_expiring: set[str] = set()
+#: task ids whose list may have grown long (a late attempt): trimmed at the next write.
+_trim: set[str] = set()
+#: task id -> (progress JSON, final): the latest value not yet written; final: write it now.
+_progress: dict[str, tuple[str, bool]] = {}
+#: task id -> when its progress was last written (monotonic).
+_progress_at: dict[str, float] = {}
+_thread: threading.Thread | None = None
+_thread_pid: int | None = None
+_count = 0
+
+
+def note(task_id: str, kind: str, *, attempt: int = 0, at: float | None = None, **fields: Any) -> None:
+    """Keep one event of ``task_id`` for the next flush; never raises, never waits on Redis."""
+    global _count
+    try:
+        event = {"kind": kind, "at": round(time.time() if at is None else at, 3), **fields}
+        if attempt:
+            event["attempt"] = attempt
+        # Micro-optimization: orjson (a dependency already), 3 events a task on the hot path.
+        line = orjson.dumps(event, default=str).decode()
+    except Exception:  # history must never break the task
+        logger.warning("history_event_dropped task=%s kind=%s", task_id, kind, exc_info=True)
+        return
+    with _lock:
+        if _count >= PENDING_MAX:
+            return
+        _events.setdefault(task_id, []).append(line)
+        _count += 1
+        if attempt >= TRIM_FROM_ATTEMPT:
+            _trim.add(task_id)
+    _ensure_thread()
+
+
+def report_progress(task_id: str, fraction: Any, note_text: Any = None) -> None:
+    """Keep a running task's latest progress; the flush writes it (rate-limited). Raises InvalidProgress."""
+    value, text = check_progress(fraction, note_text)
+    line = json.dumps({"fraction": value, "note": text, "at": round(time.time(), 3)})
+    with _lock:
+        _progress[task_id] = (line, False)
+    _ensure_thread()
+
+
+def attempt_ended(task_id: str) -> None:
+    """The attempt is over: its last progress is written at the next flush, whatever the rate."""
+    with _lock:
+        pending = _progress.get(task_id)
+        if pending is not None:
+            _progress[task_id] = (pending[0], True)
+        else:
+            _progress_at.pop(task_id, None)
+
+
+def retention_s() -> int:
+    """``DISPATCH_HISTORY_TTL_S``, else as long as the result row (Celery's ``result_expires``)."""
+    from celery import current_app  # inner import: celery's app is the worker's, read when flushing
+
+    if getattr(settings, "DISPATCH_HISTORY_TTL_S", 0) > 0:
+        return int(settings.DISPATCH_HISTORY_TTL_S)
+
+    expires = current_app.conf.result_expires
+    if isinstance(expires, dt.timedelta):
+        return max(1, int(expires.total_seconds()))
+    if isinstance(expires, (int, float)) and expires > 0:
+        return int(expires)
+    return DEFAULT_RETENTION_S
+
+
+def flush(client: Any = None) -> int:
+    """Write what is buffered in one pipelined call; returns the events written. Kept for the next call on failure."""
+    global _count
+    now = time.monotonic()
+    with _lock:
+        events = dict(_events)
+        _events.clear()
+        _count = 0
+        progress = {}
+        for task_id, (line, final) in list(_progress.items()):
+            if final or now - _progress_at.get(task_id, -math.inf) >= PROGRESS_EVERY_S:
+                progress[task_id] = (line, final)
+                del _progress[task_id]
+        fresh = {t for t in events if t not in _expiring}
+        trim = set(_trim)
+        _trim.clear()
+    if not events and not progress:
+        return 0
+    if client is None:
+        from lanes.redis_client import get_redis  # inner import: as lanes.counters, light for importers
+
+        client = get_redis()
+    ttl = retention_s()
+    pipe = client.pipeline(transaction=False)
+    for task_id, lines in events.items():
+        key = keys.task_history(task_id)
+        pipe.rpush(key, *lines)
+        if task_id in trim:
+            pipe.ltrim(key, -HISTORY_MAX, -1)
+        if task_id in fresh:
+            pipe.expire(key, ttl)
+    for task_id, (line, _final) in progress.items():
+        pipe.set(keys.task_progress(task_id), line, ex=ttl)
+    try:
+        pipe.execute()
+    except Exception:
+        with _lock:
+            for task_id, lines in events.items():
+                if _count < PENDING_MAX:
+                    _events[task_id] = lines + _events.get(task_id, [])
+                    _count += len(lines)
+            for task_id, entry in progress.items():
+                _progress.setdefault(task_id, entry)
+            _trim.update(trim)
+        logger.warning("history_flush_failed tasks=%d", len(events), exc_info=True)
+        return 0
+    with _lock:
+        _expiring.update(fresh)
+        for task_id, (_line, final) in progress.items():
+            if final:
+                _progress_at.pop(task_id, None)
+            else:
+                _progress_at[task_id] = now
+        if len(_expiring) > PENDING_MAX:  # a long-lived process: forget, at worst an EXPIRE more
+            _expiring.clear()
+    return sum(len(lines) for lines in events.values())
+
+
+def flush_quietly(*_args: Any, **_kwargs: Any) -> None:
+    """``flush()`` for exit hooks and signal receivers: never raises."""
+    try:
+        flush()
+    except Exception:  # at exit, history lost is all that can go wrong
+        logger.warning("history_flush_at_exit_failed", exc_info=True)
+
+
+def _ensure_thread() -> None:
+    global _thread, _thread_pid
+    if _thread is not None and _thread_pid == os.getpid():
+        return
+    with _lock:
+        if _thread is not None and _thread_pid == os.getpid():
+            return
+        _thread_pid = os.getpid()
+        _thread = threading.Thread(target=_flush_forever, name="dispatch-history", daemon=True)
+        _thread.start()
+
+
+def _flush_forever() -> None:
+    while True:
+        time.sleep(FLUSH_EVERY_S)
+        if _events or _progress:
+            flush_quietly()
+
+
+def _after_fork_in_child() -> None:
+    global _thread, _thread_pid, _count
+    _events.clear()
+    _progress.clear()
+    _progress_at.clear()
+    _expiring.clear()
+    _trim.clear()
+    _count = 0
+    _thread = None
+    _thread_pid = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(flush_quietly)
+
+
+# -- what the worker's steps note ------------------------------------------------
+
+def dispatched_fields(env: Any) -> dict[str, Any]:
+    """What the caller asked for, from a task's envelope (``lanes.messages.Envelope`` or its dict)."""
+    get = env.get if isinstance(env, dict) else lambda name, default=None: getattr(env, name, default)
+    at = get("dispatched_at") or 0.0
+    options: dict[str, Any] = {"priority": get("priority")}
+    deadline = get("deadline")
+    if isinstance(deadline, (int, float)) and at:
+        options["timeout_s"] = round(deadline - at, 3)
+    for name, shown_as in (("chat", "chat_id"), ("key", "idempotency_key"), ("policy", "retry_policy")):
+        if get(name):
+            options[shown_as] = get(name)
+    if get("due"):
+        options["eta"] = get("due")
+    if get("meta"):
+        options["metadata"] = get("meta")
+    return {"at": at, "type": get("type") or "", "lane": get("lane") or "", "options": options}
+
+
+def started(task_id: str, env: Any, worker: str, now: float) -> None:
+    """An attempt began on ``worker`` (the first also notes the dispatch it came from)."""
+    if env.attempt == 1:
+        fields = dispatched_fields(env)
+        note(task_id, "dispatched", at=fields.pop("at"), by=owner_of(task_id), **fields)
+    note(task_id, "started", attempt=env.attempt, at=now, worker=worker,
+         waited_s=round(max(0.0, now - env.ready_at), 3))
+
+
+def ended(task_id: str, attempt: int, outcome: str, at: float | None = None, **fields: Any) -> None:
+    """An attempt (or the task) ended: ``succeeded``, ``retry``, ``dead`` or ``cancelled``."""
+    note(task_id, outcome, attempt=attempt, at=at, **fields)
+    attempt_ended(task_id)
+
+
+def cancelled_waiting(cancelled: list[tuple[str, str]], detail: str) -> None:
+    """Tasks a cancel removed while they waited, as ``(task id, record)``: what they were, then the cancel.
+
+    Their records go next, so what the caller asked for is read from them now (one pipelined read;
+    a cancel is rare) and written at once, for the reader who looks right after. Never raises.
+    """
+    from lanes.redis_client import get_redis  # inner import: as in flush
+
+    try:
+        client = get_redis()
+        pipe = client.pipeline(transaction=False)
+        for task_id, record in cancelled:
+            pipe.hget(record, "msg")
+            pipe.exists(keys.task_history(task_id))
+        replies = pipe.execute()
+        for (task_id, _record), msg, known in zip(cancelled, replies[::2], replies[1::2], strict=True):
+            if msg and not known:
+                fields = dispatched_fields(envelope_of(msg))
+                note(task_id, "dispatched", at=fields.pop("at"), by=owner_of(task_id), **fields)
+            ended(task_id, 0, "cancelled", detail=detail)
+        flush()
+    except Exception:  # history must never break a cancel
+        logger.warning("history_of_cancel_not_written tasks=%d", len(cancelled), exc_info=True)
+
+
+def envelope_of(msg: bytes | str) -> dict[str, Any]:
+    """The envelope dict of a message stored in a task record (``lanes.messages.build_message``'s layout)."""
+    raw = msg if isinstance(msg, bytes) else msg.encode()
+    outer = json.loads(raw.replace(b"\0", b"").decode("utf-8"))
+    _args, kwargs, _embed = json.loads(outer["body"])
+    envelope = kwargs.get("dispatch") if isinstance(kwargs, dict) else None
+    return envelope if isinstance(envelope, dict) else {}

@@ -1,0 +1,204 @@
+"""A task's own history and progress, through real workers and a real Redis: the API and the admin's page."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django_celery_results.models import TaskResult
+
+from lanes import keys
+from tasks.maintenance import expire_due
+from tests.support.api_client import ApiClient, make_token
+from tests.support.helpers import define, unique, wait_until
+
+THREADS_LANE = unique("hist-threads")
+PREFORK_LANE = unique("hist-prefork")
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_root):
+    """A thread-pool worker (the group runner's path) and a prefork one (Celery's request path)."""
+    from tests.support.workers import Worker
+
+    started = [Worker(THREADS_LANE, tmp_root / "logs", pool="threads", concurrency=4).start(),
+               Worker(PREFORK_LANE, tmp_root / "logs", concurrency=1).start()]
+    yield started
+    for worker in started:
+        worker.discard()
+
+
+def _api(*types: str) -> ApiClient:
+    return ApiClient(make_token(unique("hist-token"), list(types)))
+
+
+def _dispatch(api: ApiClient, task_type: str, payload: dict, **options) -> str:
+    response = api.post("/dispatch", {"task_type": task_type, "payload": payload, **options})
+    assert response.status_code == 202, response.json()
+    return response.json()["task_id"]
+
+
+def _state(api: ApiClient, task_id: str, history: bool = False) -> dict:
+    response = api.get(f"/tasks/{task_id}" + ("?history=1" if history else ""))
+    assert response.status_code == 200, response.json()
+    return response.json()
+
+
+def _done(task_id: str, status: str = "SUCCESS") -> None:
+    wait_until(lambda: TaskResult.objects.filter(task_id=task_id, status=status).exists(), timeout=60,
+               what=f"{task_id} {status}")
+
+
+class Monitor:
+    """Redis's MONITOR on a connection of its own: the commands that name ``needle``."""
+
+    def __init__(self, rc, needle: str) -> None:
+        self.rc, self.needle, self.seen, self.stop = rc, needle, [], False
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._listen, daemon=True)
+        self.thread.start()
+        self.ready.wait(5)
+
+    def _listen(self) -> None:
+        with self.rc.monitor() as monitor:
+            self.ready.set()
+            for entry in monitor.listen():
+                if self.stop:
+                    return
+                if self.needle in entry["command"]:
+                    self.seen.append(entry["command"])
+
+    def close(self) -> list[str]:
+        self.stop = True
+        self.rc.echo("wake the monitor")
+        self.thread.join(5)
+        return self.seen
+
+
+def test_progress_shows_the_latest_value_and_is_written_at_most_twice_a_second(workers, rc):
+    type_name = unique("hist-progress")
+    define(type_name, handler="demo.progress", lane=THREADS_LANE)
+    api = _api(type_name)
+    key = keys.task_progress("")  # every progress key starts so; the task id is known only after dispatch
+    monitor = Monitor(rc, key)
+    started = time.monotonic()
+    try:
+        task_id = _dispatch(api, type_name, {"steps": 10, "sleep": 0.15})
+        seen_running = wait_until(lambda: (_state(api, task_id)["progress"] or {}).get("fraction", 1) < 1
+                                  and _state(api, task_id)["progress"], timeout=30, what="progress while running")
+        _done(task_id)
+        final = wait_until(lambda: (p := _state(api, task_id)["progress"]) and p["fraction"] == 1.0 and p,
+                           timeout=10, what="the last progress")
+    finally:
+        elapsed = time.monotonic() - started
+        writes = [c for c in monitor.close() if task_id in c and c.upper().startswith("SET")]
+    assert 0 < seen_running["fraction"] < 1 and seen_running["note"].startswith("step ")
+    assert final["note"] == "step 10 of 10" and final["at"] > 0
+    # Ten reports in about 1.5 s: at most one write per 0.5 s, plus the final one.
+    assert 2 <= len(writes) <= elapsed / 0.5 + 2 and len(writes) < 10, writes
+
+
+def test_bad_progress_is_refused_with_a_clear_error(workers):
+    type_name = unique("hist-badprogress")
+    define(type_name, handler="demo.progress", lane=THREADS_LANE)
+    api = _api(type_name)
+    refusals = {}
+    for bad, note in ((1.5, None), (-0.1, None), ("half", None), (True, None), (0.5, "x" * 201), (0.5, "a\nb")):
+        task_id = _dispatch(api, type_name, {"bad": bad, "note": note})
+        _done(task_id)
+        refusals[(repr(bad), note and note[:3])] = _state(api, task_id)["result"]["refused"]
+    assert all(refusals.values()), refusals
+    texts = list(refusals.values())
+    assert "from 0 to 1, got 1.5" in texts[0] and "got -0.1" in texts[1]
+    assert "not str" in texts[2] and "not bool" in texts[3]
+    assert "201 characters" in texts[4] and "printable" in texts[5]
+
+
+def test_a_task_retried_twice_then_succeeding(workers, admin_client, rc):
+    type_name = unique("hist-flaky")
+    define(type_name, handler="demo.flaky", lane=PREFORK_LANE,
+           policy={"max_retries": 3, "initial_backoff": 0.2, "multiplier": 2.0, "max_backoff": 1.0, "jitter": 0.0})
+    api = _api(type_name)
+    task_id = _dispatch(api, type_name, {"fail": "retry", "fail_times": 2}, priority=7, metadata={"who": "test"})
+    _done(task_id)
+    story = wait_until(lambda: (h := _state(api, task_id, history=True)["history"]) and h["attempt_count"] == 3
+                       and h["attempts"][-1]["outcome"] == "succeeded" and h, timeout=10, what="3 attempts")
+    assert story["state"] == "SUCCESS" and story["by"].startswith("token:")
+    dispatched = story["dispatched"]
+    assert dispatched["type"] == type_name and dispatched["lane"] == PREFORK_LANE
+    assert dispatched["options"]["priority"] == 7 and dispatched["options"]["metadata"] == {"who": "test"}
+    outcomes = [a["outcome"] for a in story["attempts"]]
+    assert outcomes == ["failed, retried", "failed, retried", "succeeded"], outcomes
+    delays = [a["retry_delay_s"] for a in story["attempts"][:2]]
+    assert delays == [0.2, 0.4], delays  # the policy's backoff, no jitter
+    assert all(a["worker"] and a["started_at"] <= a["ended_at"] for a in story["attempts"])
+    assert "asked to fail attempt 1" in story["attempts"][0]["error"]
+    assert story["result"]["state"] == "SUCCESS" and story["dead_letter"] is None
+    page = admin_client.get(f"/admin/tasks/history/{task_id}/").content.decode()
+    assert 'id="attempt-count">3<' in page and "failed, retried" in page and "0.400 s" in page
+    assert "tombstone" not in page.lower()
+    # The task search finds it just finished (Redis keeps its outcome briefly), in a user's words.
+    wait_until(lambda: not rc.exists(keys.task_record(task_id)), timeout=10, what="record settled")
+    found = admin_client.get(f"/admin/dashboard/tasks/?kind=task&q={task_id}").content.decode()
+    assert "just finished" in found and "tombstone" not in found.lower()
+    assert f'href="/admin/tasks/history/{task_id}/"' in found
+
+
+def test_a_cancelled_task_sent_for_later(workers, admin_client):
+    type_name = unique("hist-later")
+    define(type_name, lane=THREADS_LANE)
+    api = _api(type_name)
+    task_id = _dispatch(api, type_name, {"x": 1}, countdown=30)
+    page = admin_client.get(f"/admin/tasks/history/{task_id}/").content.decode()
+    assert 'data-state="SCHEDULED"' in page and "scheduled for later" in page
+    assert _state(api, task_id, history=True)["history"]["waiting"]["state"] == "scheduled"
+    assert api.post(f"/tasks/{task_id}/cancel", {"reason": "not needed"}).status_code == 200
+    story = wait_until(lambda: (h := _state(api, task_id, history=True)["history"])["state"] == "REVOKED" and h,
+                       timeout=10, what="cancelled")
+    assert story["attempt_count"] == 0 and "not needed" in story["cancelled"]["detail"]
+    assert story["dispatched"]["options"].get("eta")
+
+
+def test_an_expired_task_that_never_started_shows_0_attempts(admin_client):
+    lane = unique("hist-nobody")  # no worker serves it
+    type_name = unique("hist-expiring")
+    define(type_name, lane=lane, timeout=1, attempt_timeout=1, chat_scoped=True)
+    api = _api(type_name)
+    task_id = _dispatch(api, type_name, {"x": 1}, chat_id=unique("chat"))
+    waiting = _state(api, task_id, history=True)["history"]["waiting"]
+    assert waiting["lane"] == lane and waiting.get("chat_position") == 0, waiting
+    time.sleep(1.2)
+    wait_until(lambda: expire_due() >= 0 and _state(api, task_id)["state"] == "FAILURE", timeout=20,
+               what="expired")
+    story = _state(api, task_id, history=True)["history"]
+    assert story["attempt_count"] == 0 and story["dead_letter"]["reason"] == "expired"
+    assert story["dispatched"]["lane"] == lane
+    page = admin_client.get(f"/admin/tasks/history/{task_id}/").content.decode()
+    assert 'id="attempt-count">0<' in page and "dead letter (expired)" in page and "tombstone" not in page.lower()
+
+
+def test_a_dead_letter_and_another_tokens_task(workers):
+    type_name = unique("hist-fatal")
+    define(type_name, handler="demo.flaky", lane=THREADS_LANE)
+    api, other = _api(type_name), _api(type_name)
+    task_id = _dispatch(api, type_name, {"fail": "fatal"})
+    _done(task_id, "FAILURE")
+    story = wait_until(lambda: (h := _state(api, task_id, history=True)["history"])["attempt_count"] == 1
+                       and h["attempts"][0]["outcome"] == "dead letter" and h, timeout=10, what="dead attempt")
+    assert story["dead_letter"]["reason"] == "non_retryable" and "for good" in story["attempts"][0]["error"]
+    for path in (f"/tasks/{task_id}?history=1", f"/tasks/{task_id}"):
+        refused = other.get(path)
+        assert refused.status_code == 404 and refused.json()["reason"] == "unknown_task"
+
+
+def test_the_page_escapes_what_it_shows(workers, admin_client):
+    type_name = unique("hist-escape")
+    define(type_name, handler="demo.progress", lane=THREADS_LANE)
+    api = _api(type_name)
+    task_id = _dispatch(api, type_name, {"steps": 1, "note": "<script>alert(1)</script>"})
+    _done(task_id)
+    wait_until(lambda: _state(api, task_id)["progress"], timeout=10, what="progress")
+    page = admin_client.get(f"/admin/tasks/history/{task_id}/").content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert(1)" not in page
+    assert admin_client.get("/admin/tasks/history/no-such-task/").status_code == 404
