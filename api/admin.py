@@ -9,13 +9,14 @@ from api.models import DispatchAudit, ServiceToken
 
 @admin.register(ServiceToken)
 class ServiceTokenAdmin(admin.ModelAdmin):
-    list_display = ("name", "token_prefix", "types", "rate_per_s", "created_at", "last_used_at", "revoked_at")
+    list_display = ("name", "token_prefix", "types", "rate_per_s", "lane_share", "created_at", "last_used_at",
+                    "revoked_at")
     list_filter = (("revoked_at", admin.EmptyFieldListFilter), "task_types")
     search_fields = ("name", "prefix", "notes")
     filter_horizontal = ("task_types", "retry_policies")
     readonly_fields = ("token_prefix", "created_at", "last_used_at", "revoked_at")
-    fields = ("name", "notes", "task_types", "rate_per_s", "retry_policies", "reads_broker_tasks", "token_prefix",
-              "created_at", "last_used_at", "revoked_at")
+    fields = ("name", "notes", "task_types", "rate_per_s", "lane_share", "retry_policies", "reads_broker_tasks",
+              "token_prefix", "created_at", "last_used_at", "revoked_at")
     actions = ("revoke",)
 
     def get_queryset(self, request):

@@ -35,6 +35,8 @@ class Caller:
     retry_policies: frozenset[str] = frozenset()
     #: Whether it also reads tasks no token made (sent by name through the broker).
     reads_broker_tasks: bool = False
+    #: Per cent of each lane's capacity its tasks may hold (admission's ``caller_quota``).
+    lane_share: int = 100
 
     def may_dispatch(self, task_type: str) -> bool:
         return task_type in self.allowed_types
@@ -84,7 +86,7 @@ class ServiceTokenAuth(HttpBearer):
         if row.last_used_at is None or now - row.last_used_at > timedelta(seconds=LAST_USED_RESOLUTION_S):
             ServiceToken.objects.filter(pk=row.pk).update(last_used_at=now)
         return Caller(row.pk, row.name, frozenset(t.name for t in row.task_types.all()), row.rate_per_s,
-                      frozenset(p.name for p in row.retry_policies.all()), row.reads_broker_tasks)
+                      frozenset(p.name for p in row.retry_policies.all()), row.reads_broker_tasks, row.lane_share)
 
 
 def _check_size(request: HttpRequest) -> None:

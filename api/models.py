@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -21,7 +22,7 @@ class ServiceTokenQuerySet(models.QuerySet):
 
     def issue(self, name: str, task_types: list[str], *, rate_per_s: int | None = None,
               notes: str = "", retry_policies: Sequence[str] = (),
-              reads_broker_tasks: bool = False) -> tuple[ServiceToken, str]:
+              reads_broker_tasks: bool = False, lane_share: int = 100) -> tuple[ServiceToken, str]:
         """Create a token for ``task_types`` (names); returns the row and the clear token, which is not kept."""
         from tasks.models import RetryPolicy, TaskType
 
@@ -33,7 +34,7 @@ class ServiceTokenQuerySet(models.QuerySet):
         missing = sorted(set(task_types) - {t.name for t in found})
         if missing:
             raise ValueError(f"no task type named {', '.join(missing)}")
-        row = ServiceToken(name=name, notes=notes, reads_broker_tasks=reads_broker_tasks)
+        row = ServiceToken(name=name, notes=notes, reads_broker_tasks=reads_broker_tasks, lane_share=lane_share)
         if rate_per_s is not None:
             row.rate_per_s = rate_per_s
         clear = row.set_new_secret()
@@ -69,6 +70,13 @@ class ServiceToken(models.Model):
         "tasks.RetryPolicy", blank=True, related_name="service_tokens", verbose_name="retry policies it may name",
         help_text="The policies a dispatch of this token may name in retry_policy; any other is refused with 403. "
                   "Without one, its tasks follow their type's policy.",
+    )
+    lane_share = models.PositiveSmallIntegerField(
+        "share of each lane (%)", default=100, validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text="The most of a lane's capacity this token's tasks may hold at once, in per cent (1-100): its "
+                  "tasks not started yet (waiting, sent for later, behind a chat's head, waiting on a limit or a "
+                  "retry), as the capacity counts them. Past it a dispatch is refused with 429 caller_quota, so "
+                  "one caller cannot fill a lane others share. At least one task always fits; 100: the whole lane.",
     )
     reads_broker_tasks = models.BooleanField(
         "reads tasks sent by name", default=False,

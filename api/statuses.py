@@ -26,6 +26,7 @@ REJECTION_STATUS: dict[str, int] = {
     "unknown_retry_policy": 422,
     "lane_full": 429,
     "chat_queue_full": 429,
+    "caller_quota": 429,
     "lane_closed": 503,
     "idempotency_conflict": 409,
     "unavailable": 503,

@@ -23,6 +23,7 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 
 #: Threads and checks every worker runs (see each class's docstring).
 WORKER_STEPS = (
+    "lanes.worker:LeaseBookStep",  # the process's lease book: its messages from pop to settle
     "tasks.maintenance:MaintenanceStep",  # promote retries, expire, sweep leases, audit chats
     "lanes.worker:StackDumpStep",  # kill -USR2 dumps every thread's stack
     "lanes.worker:PausedLanesStep",  # a paused lane is not consumed at start

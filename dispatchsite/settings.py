@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     # Swagger UI from this site, not a CDN with an inline script (the CSP allows neither).
     "ninja",
     "django_celery_results",
+    "django_celery_beat",  # schedule definitions (interval, crontab, one-off) for tasks.Schedule
     "lanes",
     "tasks",
     "ops",
@@ -320,6 +321,8 @@ CELERY_BROKER_TRANSPORT = "lanes.transport:SentinelTransport" if REDIS_SENTINEL 
 # Upkeep (promote retries, expire waiting tasks, sweep leases) runs in a thread of
 # every worker and of beat (tasks.maintenance), not as a beat task: a message every
 # two seconds flooded Flower's task list and the log.
+#: Beat is django-celery-beat's DatabaseScheduler, firing the admin's schedules through admission (tasks.beat).
+CELERY_BEAT_SCHEDULER = "tasks.beat:Scheduler"
 CELERY_BEAT_SCHEDULE = {
     "purge-dead-letters": {"task": "tasks.purge_dead_letters", "schedule": 3600.0},
     "purge-api-audit": {"task": "api.purge_audit", "schedule": 3600.0},

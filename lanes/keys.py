@@ -310,6 +310,18 @@ def lane_waiting(lane: str) -> str:
     return LANE_PREFIX + lane + LANE_WAITING_SUFFIX
 
 
+#: Suffix of a lane's hash of API tokens' tasks not claimed yet: field = token id, value = its tasks
+#: among the lane's waiting count (_lib.lua ``caller_of``; admission's ``caller_quota``). Written
+#: beside the lane's count by the same two functions; ``LANE_CALLERS_COUNTED`` is the field
+#: callers_audit.lua's recount leaves in it, so a hash without it is one that was lost.
+LANE_CALLERS_SUFFIX = ":callers"
+LANE_CALLERS_COUNTED = "counted"
+
+
+def lane_callers(lane: str) -> str:
+    return LANE_PREFIX + lane + LANE_CALLERS_SUFFIX
+
+
 # --- process liveness (lanes.leases, reclaim.lua) -------------------------------
 
 #: Sorted set of worker processes (main processes and pool children, ``host:pid``)
@@ -342,4 +354,5 @@ def process_in_hand(process: str) -> str:
 LUA_CONSTANTS = ("DOORBELL_SUFFIX", "LANE_WAITING_SUFFIX", "LANE_LIMITED_SUFFIX", "LIMIT_BUCKET_SUFFIX",
                  "LIMIT_HOLDING_SUFFIX", "LIMIT_WAITING_SUFFIX", "LIMIT_PAUSED_SUFFIX", "CHAT_QUEUE_SUFFIX",
                  "CHAT_RECORDS_SUFFIX", "LIMIT_INSTANCES_INFIX", "LIMIT_RING_INFIX", "LIMIT_CREDIT_INFIX",
-                 "DEDUPE_SUFFIX", "TOMBSTONE_PREFIX", "DELAYED_PREFIX", "CHAT_WAITING_PREFIX", "CHAT_PREFIX")
+                 "DEDUPE_SUFFIX", "TOMBSTONE_PREFIX", "DELAYED_PREFIX", "CHAT_WAITING_PREFIX", "CHAT_PREFIX",
+                 "LANE_CALLERS_SUFFIX", "LANE_CALLERS_COUNTED")

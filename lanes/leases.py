@@ -1,6 +1,16 @@
 """Running tasks' leases: kept fresh while they run, and finished records settled.
 
-One daemon thread per process renews every running task's lease in one
+A ``LeaseBook`` owns the messages of one worker process from pop to settle:
+the transport names what it popped (``take_in_hand``, ``out_of_hand``), an
+attempt holds its claim's lease while its handler runs (``hold``,
+``release``) and queues its finished record (``settle``). The worker wiring
+(``lanes.worker.LeaseBookStep``) makes the process's book before anything
+pops or claims, and ``current`` hands it to the transport, the pop and the
+execution path; a process the worker wiring did not set up (a test, a shell)
+gets one on first use. A forked child (a prefork pool process) finds its
+parent's book empty: the parent's messages and its thread are not the child's.
+
+One daemon thread per book renews every running task's lease in one
 pipelined call each ``lease/3`` seconds; a task whose process dies stops being
 renewed, and the recovery sweep republishes it once the lease runs out.
 
@@ -23,11 +33,13 @@ starved) is vouched for, and its claims are left to their leases.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
 import threading
 import time
+import weakref
 
 import redis
 from django.conf import settings
@@ -57,31 +69,256 @@ SETTLE_BATCH = 500
 #: sweep (Redis unreachable for long): their copies re-store the result and settle.
 SETTLE_BACKLOG_MAX = 20000
 
-_lock = ForkSafeLock()
-_running: dict[str, int] = {}
-_settling: list[str] = []
-_thread: threading.Thread | None = None
-_thread_pid: int | None = None
-#: Records released (no longer running here) -> when; removed from the held set a beat later.
-_unheld: dict[str, float] = {}
-#: Records whose message this process popped and has not acked (count per record).
-_in_hand: dict[str, int] = {}
-#: Records acked or handed back since the last beat (to remove from the in-hand set).
-_out_of_hand: set[str] = set()
-#: Records popped and not yet written to the in-hand set (the lease thread writes them at once).
-_in_hand_unsent: set[str] = set()
-#: Set when a record is popped: wakes the lease thread to write it.
-_in_hand_wake = threading.Event()
-#: The process list as read at the last beat: (process id, expiry ms).
-_peers: list[tuple[str, float]] = []
-#: True once a beat of this process reached Redis: from then on its beat keeps its
-#: liveness entry, and a claim or a pop need not register it again (a command less each).
-_beaten = False
+
+class LeaseBook:
+    """The in-hand messages, running claims and records to settle of one worker process."""
+
+    def __init__(self) -> None:
+        self._lock = ForkSafeLock()
+        self._start_empty()
+        os.register_at_fork(after_in_child=functools.partial(_empty_in_child, weakref.ref(self)))
+
+    def _start_empty(self) -> None:
+        # Also in a forked child: the parent's messages and renewal thread are not the child's.
+        self._running: dict[str, int] = {}
+        self._settling: list[str] = []
+        self._thread: threading.Thread | None = None
+        self._thread_pid: int | None = None
+        #: Records released (no longer running here) -> when; removed from the held set a beat later.
+        self._unheld: dict[str, float] = {}
+        #: Records whose message this process popped and has not acked (count per record).
+        self._in_hand: dict[str, int] = {}
+        #: Records acked or handed back since the last beat (to remove from the in-hand set).
+        self._out_of_hand: set[str] = set()
+        #: Records popped and not yet written to the in-hand set (the lease thread writes them at once).
+        self._in_hand_unsent: set[str] = set()
+        #: Set when a record is popped: wakes the lease thread to write it.
+        self._in_hand_wake = threading.Event()
+        #: The process list as read at the last beat: (process id, expiry ms).
+        self._peers: list[tuple[str, float]] = []
+        #: True once a beat of this process reached Redis: from then on its beat keeps its liveness
+        #: entry, and a claim or a pop need not register it again (a command less each).
+        self._beaten = False
+
+    def registered(self) -> bool:
+        """Whether this process's liveness entry was written by one of its beats (claims need not write it)."""
+        return self._beaten
+
+    def liveness_ms(self) -> int:
+        """What a claim passes as its liveness: 0 once a beat registered the process, else the TTL in ms."""
+        return 0 if self._beaten else int(LIVENESS_TTL_S * 1000)
+
+    def hold(self, record: str) -> None:
+        """``record``'s claim runs here: its lease is renewed until ``release``."""
+        with self._lock:
+            self._running[record] = self._running.get(record, 0) + 1
+        self._ensure_thread()
+
+    def release(self, record: str) -> None:
+        with self._lock:
+            left = self._running.get(record, 0) - 1
+            if left > 0:
+                self._running[record] = left
+            else:
+                self._running.pop(record, None)
+                self._unheld[record] = time.monotonic()
+
+    def keep_alive(self) -> None:
+        """Start beating now (a worker's main process, before it pops anything)."""
+        self._ensure_thread()
+
+    def take_in_hand(self, record: str, written: bool = False) -> None:
+        """A worker main process popped ``record``'s message: have it named in the process's in-hand set.
+
+        ``written``: the pop wrote it already, as every pop of a lane list does
+        (``lanes/lua/pop_more.lua``, docs/liveness.md): only kept in memory here, so
+        the ack costs nothing (removed at the next beat). Otherwise (a leased
+        message that reached a worker some other way) the lease thread writes it,
+        woken at once and batching every record popped meanwhile into one ``SADD``,
+        so the event loop never waits on Redis for it.
+        """
+        with self._lock:
+            self._in_hand[record] = self._in_hand.get(record, 0) + 1
+            self._out_of_hand.discard(record)
+            if not written:
+                self._in_hand_unsent.add(record)
+        self._ensure_thread()
+        if not written:
+            self._in_hand_wake.set()
+
+    def send_in_hand(self) -> None:
+        """Write the records popped since the last call into the in-hand set (one call; the lease thread's)."""
+        with self._lock:
+            unsent = list(self._in_hand_unsent)
+            self._in_hand_unsent.clear()
+        if not unsent:
+            return
+        me = process_id()
+        try:
+            if self._beaten:
+                get_redis().sadd(keys.process_in_hand(me), *unsent)
+            else:  # registers the process's liveness too, if no beat did yet
+                pipe = get_redis().pipeline(transaction=False)
+                pipe.sadd(keys.process_in_hand(me), *unsent)
+                pipe.zadd(keys.PROCS, {me: liveness_expiry_ms()}, nx=True)
+                pipe.execute()
+        except Exception:
+            with self._lock:  # the next call or beat sends them again
+                self._in_hand_unsent.update(r for r in unsent if r in self._in_hand)
+            logger.warning("in_hand_write_failed records=%d", len(unsent), exc_info=True)
+
+    def out_of_hand(self, record: str) -> None:
+        """The message of ``record`` was acked or handed back: no Redis call now."""
+        with self._lock:
+            left = self._in_hand.get(record, 0) - 1
+            if left > 0:
+                self._in_hand[record] = left
+            else:
+                self._in_hand.pop(record, None)
+                self._in_hand_unsent.discard(record)
+                self._out_of_hand.add(record)
+
+    def settle(self, record: str) -> None:
+        """Queue a finished task's record for removal: its result row is stored."""
+        with self._lock:
+            self._settling.append(record)
+            if len(self._settling) > SETTLE_BACKLOG_MAX:
+                del self._settling[: len(self._settling) - SETTLE_BACKLOG_MAX]
+        self._ensure_thread()
+
+    def settle_now(self) -> None:
+        """Remove every queued finished record now, one call per batch."""
+        while True:
+            with self._lock:
+                batch = self._settling[:SETTLE_BATCH]
+                del self._settling[:SETTLE_BATCH]
+            if not batch:
+                return
+            try:
+                forget(batch)
+            except Exception:
+                with self._lock:
+                    self._settling[:0] = batch  # Redis away: keep them for the next call
+                logger.warning("settle_failed records=%d", len(batch), exc_info=True)
+                return
+
+    def _ensure_thread(self) -> None:
+        thread = self._thread
+        if thread is not None and self._thread_pid == os.getpid() and thread.is_alive():
+            return
+        with self._lock:
+            thread = self._thread
+            if thread is not None and self._thread_pid == os.getpid() and thread.is_alive():
+                return
+            self._thread_pid = os.getpid()
+            self._thread = threading.Thread(target=self._tend_forever, name="dispatch-lease", daemon=True)
+            self._thread.start()
+
+    def _tend_forever(self) -> None:
+        lease_s = settings.DISPATCH_LEASE_S
+        renew_every = max(0.2, lease_s / 3)
+        next_renewal = time.monotonic() + renew_every
+        next_beat = next_settle = 0.0
+        while True:
+            self._in_hand_wake.clear()
+            self.send_in_hand()
+            now = time.monotonic()
+            if self._settling and now >= next_settle:
+                next_settle = now + SETTLE_EVERY_S
+                self.settle_now()
+            renew = now >= next_renewal
+            if renew or now >= next_beat:
+                if renew:
+                    next_renewal = now + renew_every
+                next_beat = now + LIVENESS_BEAT_S
+                self.beat(lease_s, renew)
+            # Popped messages wake it at once; otherwise the next settle, beat or renewal.
+            wake_at = min(next_beat, next_renewal, next_settle if self._settling else now + SETTLE_EVERY_S)
+            self._in_hand_wake.wait(max(0.0, wake_at - time.monotonic()))
+
+    def beat(self, lease_s: float, renew: bool) -> None:
+        """One pipelined call: liveness, lease renewals (when due), set upkeep, peers' fate."""
+        now = time.time()
+        now_ms = int(now * 1000)
+        until_ms = int((now + LIVENESS_TTL_S) * 1000)
+        me = process_id()
+        with self._lock:
+            running = list(self._running) if renew else []
+            settling = set(self._settling)
+            cutoff = time.monotonic() - LIVENESS_BEAT_S  # released a beat ago: settled by now if it will be
+            unheld = [r for r, at in self._unheld.items()
+                      if at <= cutoff and r not in self._running and r not in settling]
+            for record in unheld:
+                del self._unheld[record]
+            gone = [r for r in self._out_of_hand if r not in self._in_hand]
+            self._out_of_hand.clear()
+            unsent = list(self._in_hand_unsent)
+            self._in_hand_unsent.clear()
+            peers = list(self._peers)
+        dead, vouched = judge_peers(peers, now_ms, me)
+        pipe = get_redis().pipeline(transaction=False)
+        pipe.zadd(keys.PROCS, {me: until_ms})
+        if running:
+            pipe.zadd(keys.LEASES, {record: int((now + lease_s) * 1000) for record in running}, xx=True)
+        if unheld:
+            pipe.srem(keys.process_held(me), *unheld)
+        if gone:
+            pipe.srem(keys.process_in_hand(me), *gone)
+        if unsent:
+            pipe.sadd(keys.process_in_hand(me), *unsent)
+        if dead:
+            pipe.zadd(keys.PROCS, dict.fromkeys(dead, 0), xx=True)
+            pipe.zrem(keys.PROCS_VOUCHED, *dead)  # vouched for while it lived (late, starved): dead now
+        if vouched:
+            pipe.zadd(keys.PROCS_VOUCHED, dict.fromkeys(vouched, until_ms))
+        pipe.zrange(keys.PROCS, 0, -1, withscores=True)
+        try:
+            replies = pipe.execute()
+        except Exception as exc:
+            with self._lock:
+                self._out_of_hand.update(gone)
+                self._in_hand_unsent.update(r for r in unsent if r in self._in_hand)
+                for record in unheld:
+                    self._unheld.setdefault(record, 0.0)
+            # Redis away is an expected state (restart, failover): one line, retried next beat.
+            expected = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+            logger.warning("liveness_beat_failed renewals=%d error=%s", len(running), exc, exc_info=not expected)
+            return
+        self._beaten = True
+        with self._lock:
+            self._peers[:] = [(m.decode() if isinstance(m, bytes) else str(m), float(score))
+                              for m, score in replies[-1]]
+        if dead:
+            logger.warning("peer_processes_dead processes=%s", ",".join(dead))
 
 
-def registered() -> bool:
-    """Whether this process's liveness entry was written by one of its beats (claims need not write it)."""
-    return _beaten
+def _empty_in_child(ref: weakref.ref[LeaseBook]) -> None:
+    book = ref()
+    if book is not None:
+        book._start_empty()
+
+
+#: The process's book (``install``, ``current``).
+_installed: LeaseBook | None = None
+_install_lock = ForkSafeLock()
+
+
+def install(book: LeaseBook) -> LeaseBook:
+    """Make ``book`` this process's (the worker wiring, before the worker pops or claims)."""
+    global _installed
+    with _install_lock:
+        _installed = book
+    return book
+
+
+def current() -> LeaseBook:
+    """This process's book; one made now if the worker wiring made none (a test, a shell)."""
+    global _installed
+    book = _installed
+    if book is None:
+        with _install_lock:
+            book = _installed = _installed or LeaseBook()
+    return book
 
 
 def process_id(pid: int | None = None) -> str:
@@ -111,200 +348,9 @@ def owner_is_dead_here(owner: str) -> bool:
     return False
 
 
-def hold(record: str) -> None:
-    with _lock:
-        _running[record] = _running.get(record, 0) + 1
-    _ensure_thread()
-
-
-def release(record: str) -> None:
-    with _lock:
-        left = _running.get(record, 0) - 1
-        if left > 0:
-            _running[record] = left
-        else:
-            _running.pop(record, None)
-            _unheld[record] = time.monotonic()
-
-
-def keep_alive() -> None:
-    """Start beating now (a worker's main process, before it pops anything)."""
-    _ensure_thread()
-
-
-def take_in_hand(record: str, written: bool = False) -> None:
-    """A worker main process popped ``record``'s message: have it named in the process's in-hand set.
-
-    ``written``: the pop wrote it already, as every pop of a lane list does
-    (``lanes/lua/pop_more.lua``, docs/liveness.md): only kept in memory here, so
-    the ack costs nothing (removed at the next beat). Otherwise (a leased
-    message that reached a worker some other way) the lease thread writes it,
-    woken at once and batching every record popped meanwhile into one ``SADD``,
-    so the event loop never waits on Redis for it.
-    """
-    with _lock:
-        _in_hand[record] = _in_hand.get(record, 0) + 1
-        _out_of_hand.discard(record)
-        if not written:
-            _in_hand_unsent.add(record)
-    _ensure_thread()
-    if not written:
-        _in_hand_wake.set()
-
-
 def liveness_expiry_ms() -> int:
     """The expiry a liveness entry written now carries (``keys.PROCS`` score)."""
     return int((time.time() + LIVENESS_TTL_S) * 1000)
-
-
-def send_in_hand() -> None:
-    """Write the records popped since the last call into the in-hand set (one call; the lease thread's)."""
-    with _lock:
-        unsent = list(_in_hand_unsent)
-        _in_hand_unsent.clear()
-    if not unsent:
-        return
-    me = process_id()
-    try:
-        if _beaten:
-            get_redis().sadd(keys.process_in_hand(me), *unsent)
-        else:  # registers the process's liveness too, if no beat did yet
-            pipe = get_redis().pipeline(transaction=False)
-            pipe.sadd(keys.process_in_hand(me), *unsent)
-            pipe.zadd(keys.PROCS, {me: liveness_expiry_ms()}, nx=True)
-            pipe.execute()
-    except Exception:
-        with _lock:
-            _in_hand_unsent.update(r for r in unsent if r in _in_hand)  # the next call or beat sends them again
-        logger.warning("in_hand_write_failed records=%d", len(unsent), exc_info=True)
-
-
-def out_of_hand(record: str) -> None:
-    """The message of ``record`` was acked or handed back: no Redis call now."""
-    with _lock:
-        left = _in_hand.get(record, 0) - 1
-        if left > 0:
-            _in_hand[record] = left
-        else:
-            _in_hand.pop(record, None)
-            _in_hand_unsent.discard(record)
-            _out_of_hand.add(record)
-
-
-def settle(record: str) -> None:
-    """Queue a finished task's record for removal: its result row is stored."""
-    with _lock:
-        _settling.append(record)
-        if len(_settling) > SETTLE_BACKLOG_MAX:
-            del _settling[: len(_settling) - SETTLE_BACKLOG_MAX]
-    _ensure_thread()
-
-
-def settle_now() -> None:
-    """Remove every queued finished record now, one call per batch."""
-    while True:
-        with _lock:
-            batch = _settling[:SETTLE_BATCH]
-            del _settling[:SETTLE_BATCH]
-        if not batch:
-            return
-        try:
-            forget(batch)
-        except Exception:
-            with _lock:
-                _settling[:0] = batch  # Redis away: keep them for the next call
-            logger.warning("settle_failed records=%d", len(batch), exc_info=True)
-            return
-
-
-def _ensure_thread() -> None:
-    global _thread, _thread_pid
-    if _thread is not None and _thread_pid == os.getpid() and _thread.is_alive():
-        return
-    with _lock:
-        if _thread is not None and _thread_pid == os.getpid() and _thread.is_alive():
-            return
-        _thread_pid = os.getpid()
-        _thread = threading.Thread(target=_tend_forever, name="dispatch-lease", daemon=True)
-        _thread.start()
-
-
-def _tend_forever() -> None:
-    lease_s = settings.DISPATCH_LEASE_S
-    renew_every = max(0.2, lease_s / 3)
-    next_renewal = time.monotonic() + renew_every
-    next_beat = next_settle = 0.0
-    while True:
-        _in_hand_wake.clear()
-        send_in_hand()
-        now = time.monotonic()
-        if _settling and now >= next_settle:
-            next_settle = now + SETTLE_EVERY_S
-            settle_now()
-        renew = now >= next_renewal
-        if renew or now >= next_beat:
-            if renew:
-                next_renewal = now + renew_every
-            next_beat = now + LIVENESS_BEAT_S
-            beat(lease_s, renew)
-        # Popped messages wake it at once; otherwise the next settle, beat or renewal.
-        wake_at = min(next_beat, next_renewal, next_settle if _settling else now + SETTLE_EVERY_S)
-        _in_hand_wake.wait(max(0.0, wake_at - time.monotonic()))
-
-
-def beat(lease_s: float, renew: bool) -> None:
-    """One pipelined call: liveness, lease renewals (when due), set upkeep, peers' fate."""
-    now = time.time()
-    now_ms = int(now * 1000)
-    until_ms = int((now + LIVENESS_TTL_S) * 1000)
-    me = process_id()
-    with _lock:
-        running = list(_running) if renew else []
-        settling = set(_settling)
-        cutoff = time.monotonic() - LIVENESS_BEAT_S  # released a beat ago: settled by now if it will be
-        unheld = [r for r, at in _unheld.items() if at <= cutoff and r not in _running and r not in settling]
-        for record in unheld:
-            del _unheld[record]
-        gone = [r for r in _out_of_hand if r not in _in_hand]
-        _out_of_hand.clear()
-        unsent = list(_in_hand_unsent)
-        _in_hand_unsent.clear()
-        peers = list(_peers)
-    dead, vouched = judge_peers(peers, now_ms, me)
-    pipe = get_redis().pipeline(transaction=False)
-    pipe.zadd(keys.PROCS, {me: until_ms})
-    if running:
-        pipe.zadd(keys.LEASES, {record: int((now + lease_s) * 1000) for record in running}, xx=True)
-    if unheld:
-        pipe.srem(keys.process_held(me), *unheld)
-    if gone:
-        pipe.srem(keys.process_in_hand(me), *gone)
-    if unsent:
-        pipe.sadd(keys.process_in_hand(me), *unsent)
-    if dead:
-        pipe.zadd(keys.PROCS, dict.fromkeys(dead, 0), xx=True)
-        pipe.zrem(keys.PROCS_VOUCHED, *dead)  # vouched for while it lived (late, starved): dead now
-    if vouched:
-        pipe.zadd(keys.PROCS_VOUCHED, dict.fromkeys(vouched, until_ms))
-    pipe.zrange(keys.PROCS, 0, -1, withscores=True)
-    try:
-        replies = pipe.execute()
-    except Exception as exc:
-        with _lock:
-            _out_of_hand.update(gone)
-            _in_hand_unsent.update(r for r in unsent if r in _in_hand)
-            for record in unheld:
-                _unheld.setdefault(record, 0.0)
-        # Redis away is an expected state (restart, failover): one line, retried next beat.
-        expected = isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
-        logger.warning("liveness_beat_failed renewals=%d error=%s", len(running), exc, exc_info=not expected)
-        return
-    global _beaten
-    _beaten = True
-    with _lock:
-        _peers[:] = [(m.decode() if isinstance(m, bytes) else str(m), float(score)) for m, score in replies[-1]]
-    if dead:
-        logger.warning("peer_processes_dead processes=%s", ",".join(dead))
 
 
 def judge_peers(peers: list[tuple[str, float]], now_ms: int, me: str) -> tuple[list[str], list[str]]:
@@ -344,22 +390,3 @@ def pid_exists(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _after_fork_in_child() -> None:
-    # The parent's renewal thread does not exist in the child: start clean.
-    global _thread, _thread_pid, _beaten, _in_hand_wake
-    _beaten = False
-    _in_hand_wake = threading.Event()  # the parent's may be mid-use by its thread
-    _running.clear()
-    _settling.clear()
-    _unheld.clear()
-    _in_hand.clear()
-    _out_of_hand.clear()
-    _in_hand_unsent.clear()
-    _peers.clear()
-    _thread = None
-    _thread_pid = None
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)

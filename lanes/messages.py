@@ -74,6 +74,9 @@ class Envelope:
     policy: str = ""
     #: When a task sent for later was due, epoch seconds (0: dispatched for now); queue latency counts from it.
     due: float = 0.0
+    #: The dispatch's trace context (``tasks.tracing``: W3C ``traceparent``/``tracestate``, and a retry's link);
+    #: None when the caller did not trace. Carried to the next attempt with the rest.
+    trace: dict[str, str] | None = None
 
     @property
     def ready_at(self) -> float:
@@ -90,6 +93,8 @@ class Envelope:
             out["policy"] = self.policy
         if self.due:
             out["due"] = self.due
+        if self.trace:
+            out["trace"] = self.trace
         return out
 
     @classmethod
@@ -115,7 +120,23 @@ class Envelope:
             raise ValueError("field 'due' must be a number")
         if data["attempt"] < 1 or not 0 <= data["priority"] <= 9:
             raise ValueError("field 'attempt' or 'priority' is out of range")
-        return cls(**{name: data[name] for name in (*expected, "meta", "policy", "due") if name in data})
+        _check_trace(data.get("trace"))
+        return cls(**{name: data[name] for name in (*expected, "meta", "policy", "due", "trace") if name in data})
+
+
+#: An envelope's ``trace`` holds at most this many keys, each value at most this many characters.
+TRACE_MAX_KEYS = 8
+TRACE_MAX_CHARS = 512
+
+
+def _check_trace(value: Any) -> None:
+    if value is None:
+        return
+    if (not isinstance(value, dict) or len(value) > TRACE_MAX_KEYS
+            or not all(isinstance(k, str) and isinstance(v, str) and len(v) <= TRACE_MAX_CHARS
+                       for k, v in value.items())):
+        raise ValueError(f"field 'trace' must be an object of at most {TRACE_MAX_KEYS} strings "
+                         f"(of up to {TRACE_MAX_CHARS} characters each)")
 
 
 _EMBED_JSON = orjson.dumps(_EMBED).decode()

@@ -67,6 +67,7 @@ import json
 import logging
 import time
 import uuid
+from functools import cached_property
 
 import redis
 from kombu.transport import redis as kombu_redis
@@ -111,7 +112,7 @@ class QoS(kombu_redis.QoS):
             virtual.QoS.append(self, message, delivery_tag)
             record = record_of(message)
             if record:
-                leases.take_in_hand(record, written=record == self.channel._popped_in_hand)
+                self.channel.lease_book.take_in_hand(record, written=record == self.channel._popped_in_hand)
             return
         super().append(message, delivery_tag)
 
@@ -119,7 +120,7 @@ class QoS(kombu_redis.QoS):
         message = self._delivered.get(delivery_tag)  # type: ignore[attr-defined]  # kombu sets it per instance
         record = record_of(message) if message is not None else None
         if record:
-            leases.out_of_hand(record)
+            self.channel.lease_book.out_of_hand(record)
 
     def ack(self, delivery_tag):
         if self._leased(delivery_tag):
@@ -203,6 +204,11 @@ class Channel(kombu_redis.Channel):
         self._bells, self._looked_at_all = {}, {}
         super().__init__(*args, **kwargs)
 
+    @cached_property
+    def lease_book(self) -> leases.LeaseBook:
+        """The process's lease book (``lanes.worker.LeaseBookStep``): what this channel pops is in its hand."""
+        return leases.current()
+
     def _is_lane(self, queue: str) -> bool:
         # A global key prefix (not used by the platform) would have to reach the scripts' keys too.
         return not self.global_keyprefix and keys.is_lane_queue(queue)
@@ -285,12 +291,13 @@ class Channel(kombu_redis.Channel):
             return super()._get(queue)
         lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
         with self.conn_or_acquire() as client:
-            popped = pop_more(client, queue, lists, 1, None)
+            popped = pop_more(client, queue, lists, 1, None, book=self.lease_book)
             self._maybe_update_queues_expire(client, queue)
         if not popped:
             raise kombu_redis.Empty()
-        self._popped_in_hand = popped[0].record
-        return _message_of(popped[0])
+        [popped_item] = popped  # room for one
+        self._popped_in_hand = popped_item.record
+        return _message_of(popped_item)
 
     def basic_get(self, queue, no_ack=False, **kwargs):
         try:
@@ -326,7 +333,7 @@ class Channel(kombu_redis.Channel):
             self._looked_at_all[lane] = now
         lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
         with self.conn_or_acquire() as client:
-            popped = pop_more(client, lane, lists, max(1, self._room()), bits)
+            popped = pop_more(client, lane, lists, max(1, self._room()), bits, book=self.lease_book)
         try:
             for item in popped:
                 self._popped_in_hand = item.record

@@ -1,5 +1,7 @@
 """Worker bootsteps of the engine (wired by path in ``dispatchsite.celery``).
 
+- The process's lease book (``lanes.leases.LeaseBook``) is made first: the
+  transport, the pop and the execution path take it from there.
 - A worker that starts while one of its lanes is paused does not consume it,
   and joins the lane's paused workers so ``resume`` starts it there too.
 - (The dashboard charts' sampler is ``ops.worker_steps.MetricsSamplerStep``,
@@ -34,6 +36,13 @@ from lanes.models import Lane
 from lanes.redis_client import get_redis
 
 logger = logging.getLogger(__name__)
+
+
+class LeaseBookStep(bootsteps.Step):
+    """The worker process's lease book, made before its consumer pops or its pool forks (``lanes.leases``)."""
+
+    def __init__(self, worker, **kwargs):
+        leases.install(leases.LeaseBook())
 
 
 class StackDumpStep(bootsteps.Step):
@@ -75,7 +84,7 @@ class HeartbeatStep(bootsteps.StartStopStep):
 
     def start(self, worker) -> None:
         self._tick()  # the first beat before the worker says it is ready
-        leases.keep_alive()  # this process's liveness: what it pops is reclaimed soon after its death
+        leases.current().keep_alive()  # this process's liveness: what it pops is reclaimed soon after its death
         threading.Thread(target=self._loop, name="dispatch-heartbeat", daemon=True).start()
 
     def stop(self, worker) -> None:

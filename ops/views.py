@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET, require_http_methods
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from lanes.models import Lane, LaneEvent
-from ops import charts, control, metrics
+from ops import charts, control, metrics, schedules_panel
 from ops import task_history as history_page
 from ops import task_search as search
 from tasks import cancel as cancelling
@@ -116,6 +116,7 @@ def _live_context(request: HttpRequest) -> dict:
         "search_url": reverse("dispatch-task-search"),
         "flower_url": settings.FLOWER_URL,
         "events": list(LaneEvent.objects.all()[:10]),
+        "schedules": schedules_panel.rows(),
         "deadletters_url": reverse("admin:tasks_deadletter_changelist") + "?status__exact=dead",
     }
 

@@ -323,7 +323,8 @@ def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
                                                    f"-l {loglevel}",
                                 env={**os.environ, "DISPATCH_CATCH_ALL": "1"} if group["catch_all"] else None)
     VAR.mkdir(exist_ok=True)
-    manager.add_process("beat", f"{celery} -A dispatchsite beat -s {VAR / 'celerybeat-schedule'} -l INFO")
+    # Beat's scheduler is the settings' CELERY_BEAT_SCHEDULER (tasks.beat: the database's schedules, the admin's).
+    manager.add_process("beat", f"{celery} -A dispatchsite beat -l INFO")
     # Flower reads its credentials from FLOWER_BASIC_AUTH (user:password[,...]): a
     # command line is readable by every local user (ps, /proc/<pid>/cmdline).
     # dispatchsite.flower_server: `celery flower` with its /metrics and /healthcheck behind the same auth.

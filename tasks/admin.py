@@ -283,3 +283,6 @@ class DeadLetterAdmin(admin.ModelAdmin):
             self.message_user(request, f"{action}d {done} dead letter(s).", messages.SUCCESS)
         for text in failed:
             self.message_user(request, text, messages.ERROR)
+
+
+from tasks.admin_schedules import ScheduleAdmin  # noqa: E402,F401  (the Schedule admin, registered there)

@@ -27,7 +27,7 @@ from lanes.lua import admit
 from lanes.messages import Envelope, build_message, hard_limit_grace_s
 from lanes.priorities import to_kombu
 from tasks import cancel as cancelling
-from tasks import config, results
+from tasks import config, owners, results
 from tasks import dedupe as dedupe_rules
 from tasks import signals as lifecycle
 from tasks.estimate import estimate_delay, limit_wait
@@ -135,14 +135,17 @@ def chunk_context() -> ChunkContext:
 
 
 def script_chunk(snap: config.Snapshot, tc: config.TypeConf, context: ChunkContext,
-                 replace_idempotency: bool = False) -> admit.Chunk:
-    """admit.lua's chunk arguments for dispatches of ``tc`` prepared under ``snap`` and ``context``."""
+                 replace_idempotency: bool = False, lane_share: int = owners.WHOLE_LANE_PCT) -> admit.Chunk:
+    """admit.lua's chunk arguments for dispatches of ``tc`` prepared under ``snap`` and ``context``;
+    ``lane_share``: the percentage of the lane's capacity one token's tasks may hold (``caller_quota``)."""
     lane = snap.lanes.get(tc.lane)
+    capacity = lane.capacity if lane else 0
     return admit.Chunk(
         version=snap.version, now=context.now, lane=tc.lane, task_type=tc.name,
-        accepting=lane is None or lane.accepting, capacity=lane.capacity if lane else 0,
+        accepting=lane is None or lane.accepting, capacity=capacity,
         chat_queue_size=tc.chat_queue_size, idempotency_window_s=tc.idempotency_window_s,
         queued_lease_ms=context.queued_lease_ms, replace_idempotency=replace_idempotency,
+        caller_quota=owners.lane_quota(capacity, lane_share),
         **(_dedupe_args(tc) if tc.dedupe != "key" else {}),
     )
 
@@ -158,12 +161,13 @@ def prepare(
     snap: config.Snapshot, task_type: Any, payload: Any, *, task_id: str, context: ChunkContext,
     chat_id: Any = None, priority: Any = None, idempotency_key: Any = None, timeout: Any = None,
     metadata: Any = None, limit_key: Any = None, countdown: Any = None, eta: Any = None, retry_policy: Any = None,
-    dedupe_key: Any = None,
+    dedupe_key: Any = None, trace: dict[str, str] | None = None,
 ) -> Prepared:
     """Validate one dispatch against ``snap`` and build its message; raise ``Invalid`` naming what is wrong.
 
     Every dispatch goes through here, one alone or many in a chunk (``tasks.bulk``),
-    so all accept and refuse exactly the same input.
+    so all accept and refuse exactly the same input. ``trace``: the caller's trace
+    context (``tasks.tracing.dispatching``), never a caller's option.
     """
     tc = snap.types.get(task_type) if isinstance(task_type, str) else None
     if tc is None:
@@ -193,7 +197,7 @@ def prepare(
         type=tc.name, lane=tc.lane, priority=checked.priority, attempt=1,
         deadline=now + checked.timeout_s, dispatched_at=now, chat=chat,
         key=checked.idempotency_key, meta=checked.metadata or None, policy=retry_policy or "",
-        due=due or 0.0,
+        due=due or 0.0, trace=trace,
     )
     soft_limit = min(tc.attempt_timeout_s, checked.timeout_s)
     message = build_message(task_id, tc.handler, checked.payload_json, envelope, soft_limit, context.grace_s)
@@ -210,7 +214,7 @@ def prepare(
 #: in bulk items: an option added to ``prepare`` is accepted everywhere at once.
 DISPATCH_OPTIONS = frozenset(
     name for name, param in inspect.signature(prepare).parameters.items()
-    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "context")
+    if param.kind is inspect.Parameter.KEYWORD_ONLY and name not in ("task_id", "context", "trace")
 )
 
 
@@ -298,7 +302,8 @@ def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
     return DispatchResult(accepted=False, reason="unavailable", detail=detail)
 
 
-def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | None = None) -> DispatchResult:
+def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | None = None,
+              lane_share: int = owners.WHOLE_LANE_PCT) -> DispatchResult:
     """The ``DispatchResult`` admit.lua's ``reply`` (not ``Stale``) means for ``prepared``."""
     tc, checked, task_id, now = prepared.tc, prepared.checked, prepared.task_id, prepared.now
     if isinstance(reply, admit.Duplicate):
@@ -316,6 +321,9 @@ def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | 
             "lane_full": f"lane '{tc.lane}' holds {reply.depth} tasks, its capacity",
             "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
         }.get(reason, reason)
+        if reason == "caller_quota":
+            detail = (f"this caller already holds its share of lane '{tc.lane}': {lane_share}% of the lane's "
+                      "capacity in tasks not started yet; retry when some have started")
         return _rejected(tc.name, tc.lane, reason, detail)
     if not isinstance(reply, admit.Admitted):
         raise TypeError(f"interpret: no result for {reply!r}")

@@ -19,7 +19,7 @@ class TasksConfig(AppConfig):
         # inner import: these modules import models, which load after the AppConfig classes
         from celery import current_app
 
-        from tasks import bulk, dispatch, handlers, maintenance, receivers, registry  # noqa: F401  (bulk, dispatch, maintenance: shared tasks)
+        from tasks import beat, bulk, dispatch, handlers, maintenance, receivers, registry, tracing  # noqa: F401  (beat, bulk, dispatch, maintenance: shared tasks)
         from tasks.batching import BatchHandlerTask
         from tasks.execution import HandlerTask
 
@@ -31,6 +31,8 @@ class TasksConfig(AppConfig):
         import_modules("DISPATCH_HANDLER_MODULES", getattr(settings, "DISPATCH_HANDLER_MODULES", ()))
         for module in getattr(settings, "DISPATCH_HOOK_MODULES", ()):
             importlib.import_module(module)
+        # OpenTelemetry from the OTEL_* variables (after the hook modules: a tracer provider one sets is used)
+        tracing.configure()
 
 
 def import_modules(setting: str, modules: Iterable[str]) -> None:

@@ -33,18 +33,18 @@ from lanes.lua.claim_batch import claim_batch
 from lanes.lua.finish_batch import DoneItem, Latencies, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
 from lanes.messages import Envelope
-from tasks import config, history, results
+from tasks import config, history, results, tracing
 from tasks import signals as lifecycle
 from tasks.context import BatchItem, Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError
 from tasks.execution import (
-    _ROW_STATE,
+    ROW_STATE,
     Attempt,
     HandlerTask,
-    _time_limit,
     bounded_result,
     execute,
     portable_exception,
+    time_limit,
     tombstone_ttl_s,
     until_answered,
 )
@@ -69,10 +69,10 @@ def run(task: Task, env: Envelope, payload: dict) -> Any:
     """Run the delivered task and the tasks it gathers; return (or raise) the delivered task's outcome."""
     leader = Attempt(task, env, payload)
     now = time.time()
-    version = leader._claim(now)
+    version = leader.claim(now)
     tc = config.ensure(version).types.get(env.type)
     if tc is None:
-        leader._die("malformed", f"unknown task type '{env.type}'")
+        leader.die("malformed", f"unknown task type '{env.type}'")
     items = [leader, *_gather(task, tc, leader)]
     return _Batch(task, tc, items).run()
 
@@ -91,24 +91,24 @@ def _gather(task: Task, tc: config.TypeConf, leader: Attempt) -> list[Attempt]:
             time.sleep(window_s)
         now = time.time()
         try:
-            raw = claim_batch(
+            claimed = claim_batch(
                 lane=leader.env.lane, handler=task.name, task_type=leader.env.type, owner=leader.owner, now=now,
                 lease_ms=int(settings.DISPATCH_LEASE_S * 1000), max_deliveries=settings.DISPATCH_MAX_DELIVERIES,
                 most=want - len(gathered), metric_field=leader.field, process=leases.process_id(),
-                liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000),
+                liveness_ms=leader.book.liveness_ms(),
             )
         except ReplicaAcksMissing as exc:
             # As a single claim (tasks.execution): not run; their leases bring them back.
             logger.warning("batch_claims_unconfirmed lane=%s error=%s: not run", leader.env.lane, exc)
             break
-        for message in raw:
-            item = _item_of(task, message, leader.owner)
+        for message in claimed.messages:
+            item = _item_of(task, message, leader)
             if item is not None:
                 gathered.append(item)
     return gathered
 
 
-def _item_of(task: Task, raw: bytes, owner: str) -> Attempt | None:
+def _item_of(task: Task, raw: bytes, leader: Attempt) -> Attempt | None:
     """The claimed message as an item (its own id, envelope and request); a malformed one is dead-lettered."""
     try:
         message = json.loads(raw)
@@ -127,8 +127,8 @@ def _item_of(task: Task, raw: bytes, owner: str) -> Attempt | None:
         hostname=getattr(task.request, "hostname", None), periodic_task_name=None, meta={}, children=[],
         dispatch_settle=None,
     )
-    item = Attempt(task, env, payload, task_id=headers["id"], request=request)
-    item.owner = owner
+    item = Attempt(task, env, payload, task_id=headers["id"], request=request, book=leader.book)
+    item.owner = leader.owner
     return item
 
 
@@ -144,7 +144,7 @@ class _Batch:
         leader_outcome: tuple[str, Any] = ("none", None)
         rows: list[tuple[Attempt, Any, str]] = []  # (extra item, result or exception, row state)
         for item in self.items:
-            leases.hold(item.record)
+            item.book.hold(item.record)
         try:
             outcomes = self._call(now)
             done: list[tuple[Attempt, Any, str]] = []
@@ -163,7 +163,8 @@ class _Batch:
                     rows.append((item, result, state))
         finally:
             for item in self.items:
-                leases.release(item.record)
+                item.book.release(item.record)
+                tracing.end_attempt(item)
         self._store_rows(rows)
         kind, value = leader_outcome
         if kind == "done":
@@ -180,6 +181,7 @@ class _Batch:
         live: list[int] = []
         for i, item in enumerate(self.items):
             item.started_at = now
+            tracing.start_attempt(item, now)
             if now >= item.env.deadline:
                 outcomes[i] = _Expired(f"deadline passed {now - item.env.deadline:.3f}s before the attempt "
                                        f"could start")
@@ -196,11 +198,12 @@ class _Batch:
                 task_id=item.task_id, type=env.type, lane=env.lane, chat_id=env.chat, attempt=env.attempt,
                 deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or item.task_id,
                 metadata=env.meta or {}, options=tc.options)))
-            lifecycle.emit(lifecycle.task_started, functools.partial(item._info, now))
+            lifecycle.emit(lifecycle.task_started, functools.partial(item.info, now))
             history.started(item.task_id, env, getattr(item.request, "hostname", None) or leases.process_id(), now)
         limit = min(tc.attempt_timeout_s, max(self.items[i].env.deadline - now for i in live))
         try:
-            with _time_limit(limit, self.task.request):
+            with time_limit(limit, self.task.request), \
+                    tracing.handler_span(self.leader, [self.items[i] for i in live]):
                 returned = self.task.handler_func(batch)
         except SoftTimeLimitExceeded as exc:
             returned = [AttemptTimeout(f"batch ran past its {limit:.3f}s limit")] * len(live)
@@ -222,22 +225,22 @@ class _Batch:
         """('done', (result, json)) | ('dead'|'retry'|'skipped', exception raised by the single path's step)."""
         try:
             if isinstance(outcome, _Expired):
-                item._die("expired", str(outcome))
+                item.die("expired", str(outcome))
             if isinstance(outcome, NonRetryableError):
-                item._die("non_retryable", str(outcome), outcome)
+                item.die("non_retryable", str(outcome), outcome)
             if isinstance(outcome, BaseException):
-                item._failed(self.tc, outcome)
+                item.failed(self.tc, outcome)
             try:
                 return "done", (outcome, json.dumps(outcome))
             except (TypeError, ValueError) as exc:
-                item._die("non_retryable", f"handler returned a value that is not JSON: {exc}", exc)
+                item.die("non_retryable", f"handler returned a value that is not JSON: {exc}", exc)
         except DeadLettered as failure:
             return "dead", failure
         except Retry as retry:
             return "retry", retry
         except Ignore as ignore:
             return "skipped", ignore
-        raise AssertionError("unreachable: _die and _failed raise")
+        raise AssertionError("unreachable: die and failed raise")
 
     def _finish_done(self, done: list[tuple[Attempt, Any, str]], now: float) -> list[tuple[Attempt, Any, str]]:
         """Finish the succeeded items in one call; returns those whose outcome is theirs to store."""
@@ -260,10 +263,9 @@ class _Batch:
             if answer == "taken":
                 logger.warning("finish_skipped task=%s (taken by another worker)", item.task_id)
                 continue
-            item.request.dispatch_settle = (item.record, _ROW_STATE["done"])
+            item.request.dispatch_settle = (item.record, ROW_STATE["done"])
             stored.append((item, result, states.SUCCESS))
-            lifecycle.emit(lifecycle.task_finished, functools.partial(item._info, finished_at, outcome="succeeded"))
-            history.ended(item.task_id, item.env.attempt, "succeeded", at=finished_at)
+            item.emit_finished(finished_at)  # its lifecycle signal, history and span
         return stored
 
     def _store_rows(self, rows: list[tuple[Attempt, Any, str]]) -> None:
@@ -273,7 +275,7 @@ class _Batch:
             if results.keeps_row(item.env.type, state):
                 kept.append((item, value, state))
             elif (settle := item.request.dispatch_settle) and settle[1] == state:
-                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
+                item.book.settle(settle[0])  # its type keeps no row for this outcome: settled at once
         rows = kept
         if not rows:
             return
@@ -293,7 +295,7 @@ class _Batch:
         for item, _, state in rows:
             settle = item.request.dispatch_settle
             if settle and settle[1] == state:
-                leases.settle(settle[0])
+                item.book.settle(settle[0])
 
 
 class _Expired(Exception):

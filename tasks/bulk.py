@@ -30,7 +30,7 @@ from lanes import memory_guard
 from lanes.forksafe import ForkSafeLock
 from lanes.lua import admit
 from lanes.lua.loader import NotSent
-from tasks import config
+from tasks import config, owners, tracing
 from tasks.admission import (
     DISPATCH_OPTIONS,
     DispatchResult,
@@ -80,7 +80,8 @@ def chunk_sizes(total: int) -> list[int]:
 
 
 def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None = None,
-                  metadata: dict | None = None, id_prefix: str = "") -> list[DispatchResult]:
+                  metadata: dict | None = None, id_prefix: str = "",
+                  lane_share: int = owners.WHOLE_LANE_PCT) -> list[DispatchResult]:
     """Dispatch each of ``items`` as a task of ``task_type``; one ``DispatchResult`` per item, in order.
 
     An item is a payload (a JSON object), or a pair ``(payload, options)``
@@ -90,7 +91,8 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
     own options win. Never raises for bad input: a bad item is a rejection with
     its reason, and the other items are admitted regardless.
 
-    ``id_prefix`` starts every new task id (the HTTP API marks its caller's tasks so: ``api.tenancy``).
+    ``id_prefix`` starts every new task id (the HTTP API marks its caller's tasks so: ``api.tenancy``);
+    ``lane_share``: the percentage of the lane's capacity the caller's tasks may hold (``caller_quota``).
     """
     entries = list(items)
     results: list[DispatchResult | None] = [None] * len(entries)
@@ -98,7 +100,15 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
         snap = config.current()
     except redis.RedisError as exc:
         return [unavailable(exc, None) for _ in entries]
-    defaults = {"timeout": timeout, "metadata": metadata}
+    with tracing.dispatching(task_type, len(entries)) as traced:
+        defaults = traced.carry({"timeout": timeout, "metadata": metadata})
+        _admit_items(task_type, snap, entries, defaults, id_prefix, results, lane_share)
+        traced.answered(results)
+    return results  # type: ignore[return-value]  # Admission.run fills every slot left
+
+
+def _admit_items(task_type: str, snap: config.Snapshot, entries: list[Any], defaults: dict[str, Any],
+                 id_prefix: str, results: list[DispatchResult | None], lane_share: int) -> None:
     queue: deque[tuple[int, Any, dict[str, Any], str]] = deque()
     task_ids = new_task_ids(len(entries))
     if id_prefix:
@@ -110,19 +120,22 @@ def dispatch_many(task_type: str, items: Iterable[Any], *, timeout: float | None
             results[index] = rejected_invalid(snap, task_type, exc)
             continue
         queue.append((index, payload, options, task_id))
-    Admission(task_type, snap, results).run(queue)
-    return results  # type: ignore[return-value]  # Admission.run fills every slot left
+    Admission(task_type, snap, results, lane_share=lane_share).run(queue)
 
 
 def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id: str,
-              replace_idempotency: bool = False) -> DispatchResult:
+              replace_idempotency: bool = False, lane_share: int = owners.WHOLE_LANE_PCT) -> DispatchResult:
     """One dispatch (``dispatch.delay``): a chunk of one through ``Admission``, the way every dispatch goes.
 
     Calls made from other threads of this process while one is in Redis wait for it and then go
     together, a chunk per task type in one round trip (``Joiner``): eight threads dispatching at once
     pay about one round trip for each turn, not eight. A call on an idle process goes at once.
     """
-    return _JOINER.admit(Waiting(task_type, payload, options, task_id, replace_idempotency))
+    with tracing.dispatching(task_type, 1) as traced:  # in the caller's thread: a turn may run in another's
+        result = _JOINER.admit(Waiting(task_type, payload, traced.carry(options), task_id, replace_idempotency,
+                                       lane_share))
+        traced.answered([result])
+    return result
 
 
 def _admit_now(entries: list[Waiting]) -> None:
@@ -133,14 +146,16 @@ def _admit_now(entries: list[Waiting]) -> None:
         for entry in entries:
             entry.result = unavailable(exc, None)
         return
-    by_kind: dict[tuple[Any, bool], list[Waiting]] = {}
+    by_kind: dict[tuple[Any, bool, int], list[Waiting]] = {}
     for entry in entries:
-        key = (entry.task_type if isinstance(entry.task_type, str) else id(entry.task_type), entry.replace)
+        key = (entry.task_type if isinstance(entry.task_type, str) else id(entry.task_type), entry.replace,
+               entry.share)
         by_kind.setdefault(key, []).append(entry)
     for group in by_kind.values():
         results: list[DispatchResult | None] = [None] * len(group)
         queue = deque((i, e.payload, e.options, e.task_id) for i, e in enumerate(group))
-        Admission(group[0].task_type, snap, results, replace_idempotency=group[0].replace).run(queue)
+        Admission(group[0].task_type, snap, results, replace_idempotency=group[0].replace,
+                  lane_share=group[0].share).run(queue)
         for entry, result in zip(group, results, strict=True):
             entry.result = result
 
@@ -148,12 +163,12 @@ def _admit_now(entries: list[Waiting]) -> None:
 class Waiting:
     """One ``dispatch.delay`` call on its way through the ``Joiner``."""
 
-    __slots__ = ("options", "payload", "replace", "result", "task_id", "task_type", "turn")
+    __slots__ = ("options", "payload", "replace", "result", "share", "task_id", "task_type", "turn")
 
     def __init__(self, task_type: Any, payload: Any, options: dict[str, Any], task_id: str,
-                 replace: bool) -> None:
+                 replace: bool, share: int = owners.WHOLE_LANE_PCT) -> None:
         self.task_type, self.payload, self.options, self.task_id = task_type, payload, options, task_id
-        self.replace = replace
+        self.replace, self.share = replace, share
         self.result: DispatchResult | None = None
         self.turn: threading.Event | None = None  # set when its result is in, or when it leads the next turn
 
@@ -298,9 +313,9 @@ class Admission:
     """
 
     def __init__(self, task_type: Any, snap: config.Snapshot, results: list[DispatchResult | None], *,
-                 replace_idempotency: bool = False) -> None:
+                 replace_idempotency: bool = False, lane_share: int = owners.WHOLE_LANE_PCT) -> None:
         self.task_type, self.snap, self.results = task_type, snap, results
-        self.replace_idempotency = replace_idempotency
+        self.replace_idempotency, self.lane_share = replace_idempotency, lane_share
         self.answered: list[tuple[int, Prepared, admit.Reply | redis.RedisError, dict]] = []
         self.sent: deque[list[tuple[int, Prepared]]] = deque()
         self.entries: dict[int, tuple[int, Any, dict[str, Any], str]] = {}
@@ -370,7 +385,7 @@ class Admission:
             else:
                 if isinstance(reply, admit.Admitted):
                     dispatched[item.tc.lane, item.tc.name, item.now] += 1
-                self.results[index] = interpret(reply, item, limits)
+                self.results[index] = interpret(reply, item, limits, self.lane_share)
         for (lane, name, now), amount in dispatched.items():
             admit.count_dispatched(lane, name, now, amount)  # in process (lanes.counters), once a chunk
 
@@ -398,7 +413,8 @@ class Admission:
             self.results[index] = rejected_invalid(self.snap, self.task_type, error)
         if not prepared:
             return None, prepared
-        return script_chunk(self.snap, prepared[0][1].tc, context, self.replace_idempotency), prepared
+        return script_chunk(self.snap, prepared[0][1].tc, context, self.replace_idempotency,
+                            self.lane_share), prepared
 
     def _receive(self, calls: admit.Calls) -> list[tuple[int, str]]:
         """Read the oldest chunk's replies; returns its stale items (index, Redis' config version)."""

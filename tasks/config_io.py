@@ -16,9 +16,10 @@ from django.db import transaction
 from lanes.models import Lane
 from tasks.errors import ConfigError
 from tasks.models import Limit, RetryPolicy, TaskType
+from tasks.schedule_config import apply_schedules, export_schedules
 from tasks.validation import shown, unstorable_text
 
-SECTIONS = ("retry_policies", "lanes", "limits", "task_types")
+SECTIONS = ("retry_policies", "lanes", "limits", "task_types", "schedules")
 POLICY_FIELDS = ("max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter")
 LANE_FIELDS = ("capacity", "accepting", "description")
 LIMIT_FIELDS = ("scope", "rate", "burst", "max_in_flight", "fair_share", "weights", "window")
@@ -100,7 +101,7 @@ def _upsert_plain(data: dict, section: str, model: type, fields: tuple[str, ...]
 def apply_config(data: Any) -> dict[str, int]:
     """Upsert every entry of ``data`` in one transaction; returns counts per section."""
     if not isinstance(data, dict):
-        raise ConfigError("the config must be a JSON object with retry_policies, lanes, limits and task_types")
+        raise ConfigError("the config must be a JSON object with retry_policies, lanes, limits, task_types, schedules")
     unknown = sorted(set(data) - set(SECTIONS))
     if unknown:
         raise ConfigError(f"unknown section(s) {', '.join(unknown)}; expected: {', '.join(SECTIONS)}")
@@ -126,6 +127,8 @@ def apply_config(data: Any) -> dict[str, int]:
             if "limits" in entry:
                 _set_type_limits(where, obj, entry["limits"])
         counts["task_types"] = len(data.get("task_types", []))
+        if "schedules" in data:  # after the types they fire (tasks.schedule_config)
+            counts["schedules"] = apply_schedules(_entries(data, "schedules"), _check_keys)
     return counts
 
 
@@ -155,6 +158,7 @@ def export_config() -> dict[str, list[dict]]:
              **{f: getattr(t, f) for f in TYPE_FIELDS}, "limits": t.limit_names()}
             for t in TaskType.objects.select_related("lane", "retry_policy")
         ],
+        "schedules": export_schedules(),
     }
 
 

@@ -45,6 +45,7 @@ def admit(
     dedupe_key: str | None = None,
     _replace_idempotency: bool = False,
     _task_id: str | None = None,
+    _lane_share: int = 100,
 ) -> DispatchResult:
     """Validate, admit and publish one task; see the module docstring.
 
@@ -55,6 +56,8 @@ def admit(
 
     ``_task_id`` (a dead letter's requeue) fixes the new task's id: with
     ``_replace_idempotency`` a task of that id already stored answers ``dup``.
+    ``_lane_share`` (the HTTP API's, per token): the percentage of the lane's capacity
+    that tasks marked with the caller's id may hold; past it, ``caller_quota``.
     """
     options: dict[str, Any] = {
         "chat_id": chat_id, "priority": priority, "idempotency_key": idempotency_key, "timeout": timeout,
@@ -64,7 +67,7 @@ def admit(
     if dedupe_key is not None:
         options["dedupe_key"] = dedupe_key
     return admit_one(task_type, payload, options, task_id=_task_id or str(uuid.uuid4()),
-                     replace_idempotency=_replace_idempotency)
+                     replace_idempotency=_replace_idempotency, lane_share=_lane_share)
 
 
 class DispatchTask(Task):

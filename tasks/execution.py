@@ -38,7 +38,7 @@ from lanes.lua.retry import retry as lua_retry
 from lanes.lua.start import start as lua_start
 from lanes.messages import Envelope, build_message
 from lanes.redis_client import get_redis
-from tasks import config, dead_letters, history, results, validation
+from tasks import config, dead_letters, history, results, tracing, validation
 from tasks import signals as lifecycle
 from tasks.context import Context
 from tasks.errors import AttemptTimeout, DeadLettered, NonRetryableError, RetryableError, TaskCancelled
@@ -65,12 +65,12 @@ class HandlerTask(Task):
 
     def after_return(self, status: str, retval: Any, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
         # Celery calls this once the result row is stored: the finished record
-        # may go (lanes.leases.settle). When the row could not be stored (no
+        # may go (lanes.leases.LeaseBook.settle). When the row could not be stored (no
         # call here) or a failure to store it was stored instead (another
         # state), the record stays: its lease runs out and a copy stores the row.
         settle = getattr(self.request, "dispatch_settle", None)
         if settle and settle[1] == status:
-            leases.settle(settle[0])
+            leases.current().settle(settle[0])
 
 
 def _malformed(task: Task, detail: str, payload: Any, raw: Any) -> NoReturn:
@@ -99,7 +99,11 @@ def execute(task: Task, args: tuple, kwargs: dict,
     try:
         if runner is not None:
             return runner(task, env, payload)
-        return Attempt(task, env, payload).run()
+        attempt = Attempt(task, env, payload)
+        try:
+            return attempt.run()
+        finally:
+            tracing.end_attempt(attempt)  # its span, when no outcome ended it (a skipped claim, an error)
     except Finished as finished:
         return finished.result
 
@@ -115,13 +119,16 @@ class Attempt:
     ``run`` is the whole single path (Celery's request calls it through ``execute``); a
     group of plain tasks (``tasks.grouping``) and a batch (``tasks.batching``) claim their
     attempts together, then take the same steps: ``begin``, the handler, and the outcome
-    (``finish_done`` here, or ``finish_batch`` for many; ``_failed`` / ``_die`` for the rest).
+    (``finish_done`` here, or ``finish_batch`` for many; ``failed`` / ``die`` for the rest).
+    Its lease is kept in ``book``, the process's (``lanes.leases.LeaseBook``), from the
+    claim to the settle.
     """
 
     def __init__(self, task: Task, env: Envelope, payload: dict, task_id: str | None = None,
-                 request: Any = None) -> None:
+                 request: Any = None, book: leases.LeaseBook | None = None) -> None:
         # ``task_id``/``request``: an item a group or batch claimed has its own id, and a request
         # of its own where the outcome to store is noted.
+        self.book = book if book is not None else leases.current()
         self.task = task
         self.env = env
         self.payload = payload
@@ -131,17 +138,18 @@ class Attempt:
         self.field = f"{env.lane}|{env.type}"
         self.started_at = 0.0
         self.owner = ""  # set by a successful claim
+        self.span: Any = None  # the attempt's span while tracing is on (tasks.tracing)
 
     # -- steps -------------------------------------------------------------
     def run(self) -> Any:
-        version = self._claim(time.time())
+        version = self.claim(time.time())
         tc, ctx, limit = self.begin(version)
-        leases.hold(self.record)
+        self.book.hold(self.record)
         try:
             result, result_json = self._attempt(tc, ctx, limit)
             self.finish_done(result_json)
         finally:
-            leases.release(self.record)
+            self.book.release(self.record)
         return result
 
     def begin(self, version: str, now: float | None = None) -> tuple[config.TypeConf, Context, float]:
@@ -151,14 +159,15 @@ class Attempt:
         """
         env = self.env
         now = time.time() if now is None else now
+        tracing.start_attempt(self, now)
         snap = config.ensure(version)
         tc = snap.types.get(env.type)
         if tc is None:
-            self._die("malformed", f"unknown task type '{env.type}'")
+            self.die("malformed", f"unknown task type '{env.type}'")
         if tc.handler != self.task.name:
             logger.info("handler_changed task=%s type=%s now=%s", self.task_id, env.type, tc.handler)
         if now >= env.deadline:
-            self._die("expired", f"deadline passed {now - env.deadline:.3f}s before the attempt could start")
+            self.die("expired", f"deadline passed {now - env.deadline:.3f}s before the attempt could start")
         self.started_at = now
         history.started(self.task_id, env, getattr(self.request, "hostname", None) or leases.process_id(), now)
         limit = min(tc.attempt_timeout_s, env.deadline - now)
@@ -167,7 +176,7 @@ class Attempt:
             deadline=env.deadline, attempt_deadline=now + limit, idempotency_key=env.key or self.task_id,
             metadata=env.meta or {}, options=tc.options, _record=self.record,
         )
-        lifecycle.emit(lifecycle.task_started, lambda: self._info(now))
+        lifecycle.emit(lifecycle.task_started, lambda: self.info(now))
         return tc, ctx, limit
 
     def finish_done(self, result_json: str) -> None:
@@ -176,13 +185,15 @@ class Attempt:
         self.emit_finished(time.time())
 
     def emit_finished(self, finished_at: float) -> None:
-        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``), and its history."""
+        """The lifecycle signal of a success recorded in Redis (``tasks.signals.task_finished``), its history
+        and its span."""
         history.ended(self.task_id, self.env.attempt, "succeeded", at=finished_at)
-        lifecycle.emit(lifecycle.task_finished, lambda: self._info(finished_at, outcome="succeeded"))
+        tracing.outcome(self, "succeeded")
+        lifecycle.emit(lifecycle.task_finished, lambda: self.info(finished_at, outcome="succeeded"))
 
     def _attempt(self, tc: config.TypeConf, ctx: Context, limit: float) -> tuple[Any, str]:
         try:
-            with _time_limit(limit, self.request):
+            with time_limit(limit, self.request), tracing.handler_span(self):
                 returned = self.task.handler_func(self.payload, ctx)
         except SoftTimeLimitExceeded as exc:
             return self.outcome_of(tc, AttemptTimeout(f"attempt ran past its {limit:.3f}s limit"), cause=exc)
@@ -204,12 +215,18 @@ class Attempt:
         if isinstance(exc, TaskCancelled):
             self._end_cancelled(self._cancel_detail() or str(exc))
         if isinstance(exc, NonRetryableError):
-            self._die("non_retryable", str(exc), exc)
+            self.die("non_retryable", str(exc), exc)
         if isinstance(exc, TypeError) and "not JSON serializable" in str(exc):
-            self._die("non_retryable", f"handler returned a value that is not JSON: {exc}", exc)
-        self._failed(tc, exc, cause=cause)
+            self.die("non_retryable", f"handler returned a value that is not JSON: {exc}", exc)
+        self.failed(tc, exc, cause=cause)
 
-    def _claim(self, now: float) -> str:
+    def claim(self, now: float) -> str:
+        """Take the task's lease (start.lua); returns the config version in force.
+
+        A task that is not this attempt's to run raises what Celery should see: ``Ignore``
+        (skipped, cancelled, unconfirmed), ``Finished`` (already done: its row stored again),
+        ``DeadLettered`` (already dead, or poison).
+        """
         env = self.env
         dead_owner = ""
         owner = leases.owner_id()
@@ -219,14 +236,13 @@ class Attempt:
                 # Sent again while Redis does not answer (the claim may have run): a second run by the same
                 # owner answers 'run' again. Given up on, the task failed and was acked with its message
                 # popped and unclaimed: a head no process held, until the audit found it (FAULTS.md, 14).
-                reply = until_answered(functools.partial(
+                started = until_answered(functools.partial(
                     lua_start,
                     task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner,
                     now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
                     max_deliveries=settings.DISPATCH_MAX_DELIVERIES, dead_owner=dead_owner, metric_field=self.field,
                     queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
-                    process=leases.process_id(),
-                    liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000),
+                    process=leases.process_id(), liveness_ms=self.book.liveness_ms(),
                 ), "claim", self.task_id)
             except ReplicaAcksMissing as exc:
                 # Claimed on a master whose replicas lag: a failover now could forget
@@ -235,69 +251,73 @@ class Attempt:
                 logger.warning("claim_unconfirmed task=%s error=%s: not run; its lease brings it back",
                                self.task_id, exc)
                 raise Ignore() from exc
-            status = reply[0].decode()
+            status = started.status
             if status == "run":
                 self.owner = owner
-                leases.keep_alive()  # beats from now on: this process holds a claim
-                return reply[2].decode()
-            if status == "busy" and leases.owner_is_dead_here(reply[1].decode()):
-                dead_owner = reply[1].decode()
+                self.book.keep_alive()  # beats from now on: this process holds a claim
+                return started.config_version
+            if status == "busy" and leases.owner_is_dead_here(started.detail):
+                dead_owner = started.detail
                 continue
             break
         if status == "finished":
             # Finished, but its worker may have died before Celery stored the
             # outcome: store it again (the result row is written idempotently).
-            outcome, _, result_json = reply[1].decode().partition("|")
+            outcome, _, result_json = started.detail.partition("|")
             if outcome == "cancelled":
                 # Cancelled while waiting (cancel.lua): dropped, never run; the row says so.
                 results.store_revoked(self.task_id, _text(result_json), request=self.request)
-                leases.settle(self.record)
+                self.book.settle(self.record)
                 logger.info("cancelled_copy_dropped task=%s", self.task_id)
                 raise Ignore()
-            self.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
+            self.request.dispatch_settle = (self.record, ROW_STATE[outcome])
             logger.info("redelivery_of_finished task=%s outcome=%s", self.task_id, outcome)
             if outcome == "done":
                 raise Finished(json.loads(result_json))
             raise DeadLettered(json.loads(result_json) or "dead letter")
         if status == "poison":
-            self._die("poison", f"delivered {int(reply[1]) - 1} times; its worker died each time before finishing")
+            self.die("poison", f"delivered {started.deliveries - 1} times; its worker died each time before finishing")
         logger.info("delivery_skipped task=%s status=%s", self.task_id, status)
         raise Ignore()
 
-    def _failed(self, tc: config.TypeConf, exc: BaseException, cause: BaseException | None = None) -> NoReturn:
+    def failed(self, tc: config.TypeConf, exc: BaseException, cause: BaseException | None = None) -> NoReturn:
+        """The attempt failed with ``exc``: retried (retry.lua, raises ``Retry``) or dead by its policy."""
         env = self.env
         now = time.time()
         retry_after = exc.retry_after_s if isinstance(exc, RetryableError) else None
         decision = decide_retry(_policy(tc, env.policy), env.attempt, now, env.deadline, retry_after)
         if not decision.retry:
             detail = f"{type(exc).__name__}: {exc}"
-            self._die(decision.reason, detail, exc)
-        next_env = replace(env, attempt=env.attempt + 1)
+            self.die(decision.reason, detail, exc)
+        next_env = replace(env, attempt=env.attempt + 1, trace=tracing.next_trace(self, now + decision.delay_s))
         soft_limit = min(tc.attempt_timeout_s, max(0.001, env.deadline - now))
         message = build_message(self.task_id, tc.handler, encode_json(self.payload), next_env, soft_limit)
-        reply = until_answered(lambda: lua_retry(
+        retried = until_answered(lambda: lua_retry(
             record=self.record, lane=env.lane, now=now, next_attempt=next_env.attempt, message=message,
             due=now + decision.delay_s, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
             metric_field=self.field, owner=self.owner, retry_after_s=retry_after,
         ), "retry", self.task_id)
-        if reply[0] == b"cancelled":
-            self._end_cancelled(reply[1].decode(errors="replace"))
-        if reply[0] != b"ok":
-            logger.warning("retry_skipped task=%s state=%s", self.task_id, reply[1:])
+        if retried.status == "cancelled":
+            self._end_cancelled(retried.detail)
+        if retried.status != "ok":
+            logger.warning("retry_skipped task=%s status=%s state=%s", self.task_id, retried.status, retried.detail)
             raise Ignore()
         history.ended(self.task_id, env.attempt, "retry", at=now, error=f"{type(exc).__name__}: {exc}"[:500],
                       delay_s=round(decision.delay_s, 3))
         logger.info("retry_scheduled task=%s attempt=%d delay=%.3fs error=%r",
                     self.task_id, env.attempt, decision.delay_s, exc)
-        lifecycle.emit(lifecycle.task_finished, lambda: self._info(now, outcome="retrying", reason=type(exc).__name__,
+        tracing.outcome(self, "retrying", reason=type(exc).__name__, detail=str(exc), retry_delay_s=decision.delay_s)
+        lifecycle.emit(lifecycle.task_finished, lambda: self.info(now, outcome="retrying", reason=type(exc).__name__,
                                                            detail=str(exc)))
         raise Retry(str(exc) or type(exc).__name__, exc=portable_exception(exc), when=decision.delay_s)
 
-    def _die(self, reason: str, detail: str, exc: BaseException | None = None) -> NoReturn:
+    def die(self, reason: str, detail: str, exc: BaseException | None = None) -> NoReturn:
+        """The task ends dead: its dead-letter row, then finish.lua; raises ``DeadLettered``."""
         env = self.env
         # The task ends dead in Redis whether or not its row could be written: a row
         # that cannot be stored must not leave the task running (redelivered, run
         # again, poison, the same failure, forever).
+        tracing.dead_letter(self, reason, detail)
         _record_dead_letter(
             task_id=self.task_id, task_type=env.type, lane=env.lane, reason=reason, payload=self.payload,
             chat_id=env.chat, idempotency_key=env.key, metadata=env.meta, priority=env.priority,
@@ -306,10 +326,11 @@ class Attempt:
         failure = DeadLettered.because(reason, detail, task_type=env.type,
                                        admin_url=dead_letter_admin_url(self.task_id))
         self._finish("dead", json.dumps(str(failure)), reason)
+        tracing.outcome(self, "dead", reason=reason, detail=detail)
         died_at = time.time()
         history.ended(self.task_id, env.attempt, "dead", at=died_at, reason=reason, error=detail[:500])
         lifecycle.emit(lifecycle.task_finished,
-                       lambda: self._info(died_at, outcome="dead", reason=reason, detail=detail))
+                       lambda: self.info(died_at, outcome="dead", reason=reason, detail=detail))
         raise failure
 
     def _cancel_detail(self) -> str:
@@ -324,13 +345,14 @@ class Attempt:
         would have been retried): it ends cancelled, its chat moves on, its row says REVOKED."""
         detail = detail or "cancelled"
         self._finish("cancelled", json.dumps(detail), "cancelled")
+        tracing.outcome(self, "cancelled", reason="cancelled", detail=detail)
         results.store_revoked(self.task_id, detail, request=self.request)
-        leases.settle(self.record)
+        self.book.settle(self.record)
         results.announce_revoked(self.task_id)
         ended_at = time.time()
         history.ended(self.task_id, self.env.attempt, "cancelled", at=ended_at, detail=detail[:500])
         lifecycle.emit(lifecycle.task_finished,
-                       lambda: self._info(ended_at, outcome="cancelled", reason="cancelled", detail=detail))
+                       lambda: self.info(ended_at, outcome="cancelled", reason="cancelled", detail=detail))
         logger.info("task_cancelled_running task=%s detail=%r", self.task_id, detail)
         raise Ignore()
 
@@ -338,21 +360,22 @@ class Attempt:
         env = self.env
         now = time.time()
         xlat = now - self.started_at if self.started_at else None
-        reply = until_answered(lambda: lua_finish(
+        finished = until_answered(lambda: lua_finish(
             task_id=self.task_id, record=self.record, chat=env.chat, outcome=outcome,
             result_json=bounded_result(result_json), now=now, tombstone_ttl_s=tombstone_ttl_s(),
             queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000), metric_field=self.field, reason=reason,
             execution_latency_bucket=bucket_label(xlat) if xlat is not None else "",
             execution_latency_s=xlat or 0, owner=self.owner, settle_lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
         ), "finish", self.task_id)
-        if reply[0] == b"taken":
+        if finished.status == "taken":
             # Our lease ran out while Redis was away and another worker claimed the
             # task: its attempt records the outcome; this one stores nothing.
-            logger.warning("finish_skipped task=%s taken_by=%s", self.task_id, reply[1].decode())
+            logger.warning("finish_skipped task=%s taken_by=%s", self.task_id, finished.detail)
             raise Ignore()
-        self.request.dispatch_settle = (self.record, _ROW_STATE[outcome])
+        self.request.dispatch_settle = (self.record, ROW_STATE[outcome])
 
-    def _info(self, now: float, **extra: Any) -> lifecycle.TaskInfo:
+    def info(self, now: float, **extra: Any) -> lifecycle.TaskInfo:
+        """What the lifecycle signals carry about this attempt at ``now``."""
         env = self.env
         qlat = (self.started_at or now) - env.ready_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
@@ -377,7 +400,7 @@ def _record_dead_letter(**row: Any) -> None:
     try:
         dead_letters.record(**row)
         return
-    except Exception as exc:  # noqa: BLE001 - the task must still end (see _die)
+    except Exception as exc:  # noqa: BLE001 - the task must still end (see Attempt.die)
         first = exc
         logger.error("dead_letter_write_failed task=%s error=%r; retrying with escaped values", row["task_id"], exc)
     original = row.pop("exc", None)
@@ -403,7 +426,7 @@ def _record_dead_letter(**row: Any) -> None:
 
 
 #: The result row's state that records each outcome.
-_ROW_STATE = {"done": states.SUCCESS, "dead": states.FAILURE, "cancelled": states.REVOKED}
+ROW_STATE = {"done": states.SUCCESS, "dead": states.FAILURE, "cancelled": states.REVOKED}
 
 #: Redis errors after which a call may or may not have run.
 _UNANSWERED = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
@@ -459,7 +482,7 @@ def portable_exception(exc: BaseException) -> BaseException:
     return RetryableError(f"{type(exc).__name__}: {exc}")
 
 
-class _time_limit:
+class time_limit:
     """Stop the handler at ``limit_s`` when Celery's own soft limit would come later.
 
     Celery sets the soft limit from the message (computed at publish); time spent

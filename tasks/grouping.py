@@ -59,7 +59,7 @@ from lanes.lua.finish_batch import DoneItem, Latencies, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
 from lanes.messages import Envelope
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
-from tasks import config, results
+from tasks import config, results, tracing
 from tasks.errors import AttemptTimeout, DeadLettered, RetryableError
 from tasks.execution import (
     Attempt,
@@ -131,16 +131,16 @@ class Item:
         self.watch_until = 0.0
         self.abandoned = False
         self.done = False
-        self.held = False  # its record's lease is renewed by this process (lanes.leases.hold)
+        self.held = False  # its record's lease is renewed by this process (lanes.leases.LeaseBook.hold)
 
     def hold(self) -> None:
         self.held = True
-        leases.hold(self.attempt.record)
+        self.attempt.book.hold(self.attempt.record)
 
     def release(self) -> None:
         if self.held:
             self.held = False
-            leases.release(self.attempt.record)
+            self.attempt.book.release(self.attempt.record)
 
 
 _STOP = object()
@@ -277,7 +277,7 @@ class Runner:
             answer = until_answered(lambda: claim_group(
                 items=members, now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
                 max_deliveries=settings.DISPATCH_MAX_DELIVERIES, process=process,
-                liveness_ms=0 if leases.registered() else int(leases.LIVENESS_TTL_S * 1000), counts=counts,
+                liveness_ms=group[0].attempt.book.liveness_ms(), counts=counts,
             ), "claim_group", group[0].attempt.task_id)
         except ReplicaAcksMissing as exc:
             # As a single claim: not run; their leases bring them back once replicas keep up.
@@ -285,7 +285,7 @@ class Runner:
             for item in group:
                 self._end(item)
             return
-        leases.keep_alive()
+        group[0].attempt.book.keep_alive()
         for item, claim in zip(group, answer.claims, strict=True):
             if claim.status == "run":
                 item.claimed = True
@@ -362,7 +362,8 @@ class Runner:
                                         kwargs={"payload": attempt.payload})
         try:
             try:
-                returned: Any = task.handler_func(attempt.payload, ctx)
+                with tracing.handler_span(attempt):
+                    returned: Any = task.handler_func(attempt.payload, ctx)
             except BaseException as exc:  # noqa: BLE001 - contain SystemExit/KeyboardInterrupt from handlers too
                 returned = exc
         finally:
@@ -511,7 +512,7 @@ class Runner:
             if results.keeps_row(item.name, state):
                 kept.append((item, value, state))
             elif (settle := item.attempt.request.dispatch_settle) and settle[1] == state:
-                leases.settle(settle[0])  # its type keeps no row for this outcome: settled at once
+                item.attempt.book.settle(settle[0])  # its type keeps no row for this outcome: settled at once
         rows = kept
         if not rows:
             return
@@ -532,7 +533,7 @@ class Runner:
         for item, _, state in rows:
             settle = item.attempt.request.dispatch_settle
             if settle and settle[1] == state:
-                leases.settle(settle[0])
+                item.attempt.book.settle(settle[0])
 
     def _end(self, item: Item, value: Any = None, state: str | None = None) -> None:
         """The message is done with: acked (its record tracks the task from here), events and signals sent."""
@@ -540,6 +541,7 @@ class Runner:
             return
         item.done = True
         attempt = item.attempt
+        tracing.end_attempt(attempt)
         if state == states.SUCCESS:
             if self.events is not None:
                 runtime = time.time() - attempt.started_at if attempt.started_at else 0.0

@@ -26,6 +26,7 @@ from django.conf import settings
 from lanes import metrics
 from lanes.lua.audit import Repair
 from lanes.lua.audit import audit as lua_audit
+from lanes.lua.callers_audit import CallersAudited, audit_callers
 from lanes.lua.expire import expire as lua_expire
 from lanes.lua.forget import forget_expired_pending
 from lanes.lua.limits_audit import LimitsAudited, audit_limits
@@ -138,6 +139,18 @@ def audit_chats(batch: int = 200, now_ms: int | None = None) -> list[int]:
     return counts
 
 
+def audit_waiting_counts() -> CallersAudited:
+    """Recount the lanes' waiting counts and their tokens' ones if one was lost; see callers_audit.lua.
+
+    A count lost lets a token past its share (or holds it back) until it is recounted;
+    each correction is logged, as every one is a count lost somewhere.
+    """
+    result = audit_callers(lanes=sorted(config.current().lanes))
+    for fix in result.corrections:
+        logger.warning("waiting_count_corrected lane=%s token=%s was=%d now=%d", *fix)
+    return result
+
+
 def _log_repairs(repairs: list[Repair]) -> None:
     """Each repair in its lane's event log (the dashboard's "Lane events"); never raises."""
     try:
@@ -230,6 +243,7 @@ def run_once(sweep_now: bool) -> dict[str, Any]:
         done["swept"], _forgotten = sweep()
         done["audited"] = audit_chats()
         done["limits_audited"] = audit_limit_slots()
+        done["counts_audited"] = audit_waiting_counts()
     metrics.record_maintenance(get_redis(), time.time(), promoted=done["promoted"], expired=done["expired"],
                                swept=done.get("swept", 0) + done["reclaimed"])
     return done

@@ -3,13 +3,18 @@ from __future__ import annotations
 import json
 import math
 import re
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.core.exceptions import ValidationError
 from django.db import models
+from django.utils import timezone
+from django_celery_beat.models import ClockedSchedule, CrontabSchedule, IntervalSchedule, PeriodicTask
 
 from tasks import dedupe as dedupe_rules
-from tasks import registry
+from tasks import registry, schedules
 from tasks.retry import MAX_TIMEOUT_S
+from tasks.validation import MAX_CHAT_ID_LEN, MAX_LIMIT_KEY_LEN, is_clean_text
 
 TYPE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 #: A limit's name is part of its Redis keys (``dispatch:lim:{name}:{value}``): no ':' in it.
@@ -368,3 +373,199 @@ class DeadLetter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_type} {self.task_id} ({self.reason})"
+
+
+#: Shortest idempotency window a scheduled type may have, in seconds: a fire's key must outlive
+#: the race of two beats and a beat's restart between its dispatch and its record.
+MIN_SCHEDULE_KEY_WINDOW_S = 300
+#: The Celery task name the derived PeriodicTask names (tasks.beat.fire_schedule).
+FIRE_TASK = "tasks.fire_schedule"
+#: Prefix of the derived PeriodicTask's name (its names are unique across beat's table).
+PERIODIC_PREFIX = "schedule:"
+
+
+class Schedule(models.Model):
+    """A platform task type fired by beat through admission, on an interval, a crontab or once.
+
+    Our model sits beside django-celery-beat's ``PeriodicTask`` rather than in its
+    ``kwargs`` text: the task type is a foreign key (a type in use cannot be deleted
+    from under a schedule), payload, chat id, limit key and priority are fields the
+    admin and config files validate like a dispatch, and the fire state (last due
+    time, outcome, counts) has a row to live in. The ``PeriodicTask`` is derived on
+    every save (``sync_periodic_task``): it is what the DatabaseScheduler wakes for,
+    and its ``IntervalSchedule`` / ``CrontabSchedule`` / ``ClockedSchedule`` are
+    the definitions, edited with django-celery-beat's own admin widgets.
+    """
+
+    class Missed(models.TextChoices):
+        ONCE = "once", "once (one catch-up fire after a gap)"
+        SKIP = "skip", "skip (a late due time is not fired)"
+
+    class Outcome(models.TextChoices):
+        NONE = "", "-"
+        FIRED = "fired", "fired"
+        REFUSED = "refused", "refused"
+        SKIPPED = "skipped", "skipped"
+
+    name = models.CharField("name", max_length=100, unique=True, validators=[validate_type_name])
+    task_type = models.ForeignKey(TaskType, on_delete=models.PROTECT, related_name="schedules",
+                                  verbose_name="task type", help_text="What each fire dispatches.")
+    payload = models.JSONField("payload", default=dict, blank=True,
+                               help_text="A JSON object, sent as each fire's payload.")
+    chat_id = models.CharField("chat id", max_length=MAX_CHAT_ID_LEN, blank=True,
+                               help_text="The chat each fire is queued in (a chat-scoped type needs one).")
+    limit_key = models.CharField("limit key", max_length=MAX_LIMIT_KEY_LEN, blank=True,
+                                 help_text="The key of the type's per-key limit, if it has one.")
+    priority = models.PositiveSmallIntegerField("priority", null=True, blank=True,
+                                                help_text="0..9; empty: the task type's priority.")
+    interval = models.ForeignKey(IntervalSchedule, on_delete=models.PROTECT, null=True, blank=True,
+                                 verbose_name="interval",
+                                 help_text="Every N periods (one of interval, crontab, one-off).")
+    crontab = models.ForeignKey(CrontabSchedule, on_delete=models.PROTECT, null=True, blank=True,
+                                verbose_name="crontab", help_text="Minutes, hours, days in the crontab's time zone.")
+    clocked = models.ForeignKey(ClockedSchedule, on_delete=models.PROTECT, null=True, blank=True,
+                                verbose_name="one-off", help_text="Once, at this time.")
+    missed = models.CharField("missed fires", max_length=4, choices=Missed.choices, default=Missed.ONCE,
+                              help_text="A due time passed while no beat ran (or late past its grace): "
+                                        "fired once on return, or skipped. Never a burst.")
+    enabled = models.BooleanField("enabled", default=True, help_text="Off: paused (a resume does not catch up).")
+    anchor_at = models.DateTimeField("interval anchor", default=timezone.now, editable=False,
+                                     help_text="An interval's due times are this plus whole periods.")
+    since_at = models.DateTimeField("counted since", default=timezone.now, editable=False,
+                                    help_text="Due times before this (created or resumed) are not this schedule's.")
+    periodic_task = models.OneToOneField(PeriodicTask, on_delete=models.SET_NULL, null=True, blank=True,
+                                         editable=False, related_name="platform_schedule")
+    last_due_at = models.DateTimeField("last due time", null=True, blank=True, editable=False,
+                                       help_text="The last due time decided (fired, refused or skipped).")
+    last_fired_at = models.DateTimeField("last decided at", null=True, blank=True, editable=False)
+    last_outcome = models.CharField("last outcome", max_length=8, choices=Outcome.choices, blank=True,
+                                    editable=False)
+    last_reason = models.CharField("last reason", max_length=500, blank=True, editable=False,
+                                   help_text="Why the last fire was refused or skipped.")
+    last_task_id = models.CharField("last task id", max_length=64, blank=True, editable=False)
+    fired_count = models.PositiveIntegerField("fired", default=0, editable=False)
+    refused_count = models.PositiveIntegerField("refused", default=0, editable=False)
+    skipped_count = models.PositiveIntegerField("skipped", default=0, editable=False,
+                                                help_text="Due times not fired: late under 'skip', or jumped over.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def kind(self) -> str:
+        """Which definition the schedule has: ``interval``, ``crontab``, ``clocked`` or ''."""
+        return next((k for k in ("interval", "crontab", "clocked") if getattr(self, f"{k}_id") is not None), "")
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        kinds = [k for k in ("interval", "crontab", "clocked") if getattr(self, f"{k}_id") is not None]
+        if len(kinds) != 1:
+            message = ("Set exactly one of interval, crontab and one-off." if kinds
+                       else "Set one of interval, crontab or one-off.")
+            errors.update({k: message for k in kinds or ["interval"]})
+        if not isinstance(self.payload, dict):
+            errors["payload"] = f"Payload must be a JSON object, not {type(self.payload).__name__}."
+        else:
+            try:
+                json.dumps(self.payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
+            except (ValueError, UnicodeEncodeError) as exc:
+                errors["payload"] = f"Payload is not valid JSON text: {exc}."
+        if self.chat_id and not is_clean_text(self.chat_id, MAX_CHAT_ID_LEN):
+            errors["chat_id"] = f"Chat id must be 1..{MAX_CHAT_ID_LEN} printable characters."
+        if self.limit_key and not is_clean_text(self.limit_key, MAX_LIMIT_KEY_LEN):
+            errors["limit_key"] = f"Limit key must be 1..{MAX_LIMIT_KEY_LEN} printable characters."
+        if self.priority is not None and not 0 <= self.priority <= 9:
+            errors["priority"] = "Priority must be 0..9 (or empty for the type's)."
+        task_type = self.task_type if self.task_type_id is not None else None
+        if task_type is not None:
+            if task_type.idempotency_window < MIN_SCHEDULE_KEY_WINDOW_S:
+                errors["task_type"] = (f"Task type '{task_type.name}' keeps idempotency keys "
+                                       f"{task_type.idempotency_window} s; a schedule needs at least "
+                                       f"{MIN_SCHEDULE_KEY_WINDOW_S} s (each fire's key is what stops two beats "
+                                       f"firing one due time twice).")
+            if task_type.chat_scoped and not self.chat_id:
+                errors["chat_id"] = f"Task type '{task_type.name}' is chat-scoped: a chat id is required."
+            if isinstance(self.payload, dict) and "payload" not in errors:
+                size = len(json.dumps(self.payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8"))
+                if size > task_type.max_payload_bytes:
+                    errors["payload"] = (f"Payload is {size} bytes; '{task_type.name}' allows "
+                                         f"{task_type.max_payload_bytes}.")
+        if errors:
+            raise ValidationError(errors)
+
+    def definition(self) -> schedules.Definition:
+        """The pure definition of the schedule's due times (``tasks.schedules``)."""
+        if self.interval is not None:
+            every = timedelta(**{self.interval.period: self.interval.every})
+            return schedules.Interval(every_us=every // timedelta(microseconds=1), anchor=self.anchor_at)
+        if self.crontab is not None:
+            cron = self.crontab.schedule  # celery's crontab: each field expanded to a set of ints
+            return schedules.Cron(minutes=frozenset(cron.minute), hours=frozenset(cron.hour),
+                                  days_of_week=frozenset(cron.day_of_week),
+                                  days_of_month=frozenset(cron.day_of_month),
+                                  months=frozenset(cron.month_of_year), zone=str(self.crontab.timezone))
+        if self.clocked is not None:
+            return schedules.OneOff(at=self.clocked.clocked_time)
+        raise ValueError(f"schedule {self.name!r} has no interval, crontab or one-off")
+
+    def decide(self, now: datetime) -> schedules.Decision:
+        since = None if self.clocked_id is not None else self.since_at
+        return schedules.decide(self.definition(), now, last_due=self.last_due_at, since=since,
+                                policy=self.missed)
+
+    def next_fire(self, now: datetime | None = None) -> datetime | None:
+        """When the schedule fires next (None: paused, or a one-off that has fired)."""
+        if not self.enabled or not self.kind():
+            return None
+        now = now or datetime.now(UTC)
+        decision = self.decide(now)
+        return decision.due if decision.action == "fire" else decision.next_due
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save the definition; an existing row's fire state is beat's (``tasks.beat``) and is left as stored.
+
+        An admin form opened before a fire and saved after it would otherwise
+        write the old last due time and counts back.
+        """
+        if self.pk is not None and not kwargs.get("force_insert") and kwargs.get("update_fields") is None:
+            was = Schedule.objects.filter(pk=self.pk).values_list("enabled", flat=True).first()
+            if was is not None:
+                if self.enabled and was is False:  # resumed: the paused span is not caught up
+                    self.since_at = timezone.now()
+                kwargs["update_fields"] = DEFINITION_FIELDS
+        if self.pk is None:
+            self.anchor_at = self.anchor_at.replace(microsecond=0)
+        super().save(*args, **kwargs)
+        sync_periodic_task(self)
+
+
+#: What a save of an existing schedule writes (the rest is its fire state, written by beat).
+DEFINITION_FIELDS = ("name", "task_type", "payload", "chat_id", "limit_key", "priority", "interval", "crontab",
+                     "clocked", "missed", "enabled", "since_at")
+
+
+def sync_periodic_task(schedule: Schedule) -> PeriodicTask:
+    """Create or update the PeriodicTask beat wakes for (its save tells running beats of the change)."""
+    fields = {
+        "name": f"{PERIODIC_PREFIX}{schedule.name}", "task": FIRE_TASK,
+        "kwargs": json.dumps({"schedule_id": schedule.pk}), "enabled": schedule.enabled,
+        "interval": schedule.interval, "crontab": schedule.crontab, "clocked": schedule.clocked,
+        "one_off": schedule.clocked_id is not None,
+        "description": f"Fires the platform schedule {schedule.name!r} (edit it under Tasks > Schedules).",
+    }
+    task = schedule.periodic_task or PeriodicTask.objects.filter(name=fields["name"]).first() or PeriodicTask()
+    for field, value in fields.items():
+        setattr(task, field, value)
+    task.save()
+    if schedule.periodic_task_id != task.pk:
+        Schedule.objects.filter(pk=schedule.pk).update(periodic_task=task)
+        schedule.periodic_task = task
+    return task
+
+
+def drop_periodic_task(sender: object, instance: Schedule, **kwargs: object) -> None:
+    """A deleted schedule's PeriodicTask goes too (connected by ``tasks.receivers.connect``)."""
+    if instance.periodic_task_id is not None:
+        PeriodicTask.objects.filter(pk=instance.periodic_task_id).delete()

@@ -35,3 +35,19 @@ def owner_of(task_id: str) -> str:
 
 def owns(token_id: int, task_id: str) -> bool:
     return task_id.startswith(task_id_prefix(token_id))
+
+
+#: A token's share of a lane when none is set: the whole capacity (the lane's own bound, ``lane_full``).
+WHOLE_LANE_PCT = 100
+
+
+def lane_quota(capacity: int, share_pct: int) -> int:
+    """The most tasks a caller with ``share_pct`` % of a lane may hold waiting in it (0: no share applies).
+
+    Rounded down, but at least one, so a small share of a small lane still admits a task; a share of
+    100 % or more is the lane's capacity itself, which admission already bounds. A share below 1 % (a
+    row written around the model's validation) is the smallest share, not none.
+    """
+    if share_pct >= WHOLE_LANE_PCT:
+        return 0
+    return max(1, capacity * max(1, share_pct) // WHOLE_LANE_PCT)

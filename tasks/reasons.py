@@ -19,6 +19,7 @@ REJECTION_REASONS = (
     "unknown_retry_policy",
     "lane_full",
     "chat_queue_full",
+    "caller_quota",
     "lane_closed",
     "idempotency_conflict",
     "unavailable",

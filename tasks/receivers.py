@@ -8,6 +8,7 @@
 - A message the transport could not decode becomes a ``malformed`` dead letter.
 - A save or delete of a retry policy, task type, limit or a type's limit bumps the config version
   (``lanes.config_version``; the lanes app connects ``Lane`` the same way).
+- A deleted schedule takes its derived PeriodicTask with it.
 - A worker process settles its finished records before it exits; beat runs the
   maintenance loop in a thread.
 
@@ -22,13 +23,14 @@ from typing import Any
 
 import redis
 from celery import signals as celery_signals
+from django.db.models.signals import post_delete
 
 from lanes import config_version, counters, leases
 from lanes.metrics import record_rejection
 from lanes.redis_client import get_redis
 from lanes.signals import message_unreadable
 from tasks import dead_letters, history, maintenance
-from tasks.models import Limit, RetryPolicy, TaskType, TaskTypeLimit
+from tasks.models import Limit, RetryPolicy, Schedule, TaskType, TaskTypeLimit, drop_periodic_task
 from tasks.signals import TaskInfo, task_rejected
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ def record_unreadable_message(sender: object, task_id: str, message: str, exc: B
 
 
 def settle_before_exit(**_: Any) -> None:
-    leases.settle_now()
+    leases.current().settle_now()
     counters.flush_quietly()  # a pool child exits without atexit hooks: its last counts go now
     history.flush_quietly()
 
@@ -61,4 +63,5 @@ def connect() -> None:
     celery_signals.worker_process_shutdown.connect(settle_before_exit, weak=False,
                                                    dispatch_uid="tasks.settle_before_exit")
     celery_signals.worker_shutdown.connect(settle_before_exit, weak=False, dispatch_uid="tasks.settle_before_exit")
+    post_delete.connect(drop_periodic_task, sender=Schedule, dispatch_uid="tasks.drop_periodic_task")
     celery_signals.beat_init.connect(maintenance.maintain_in_beat, weak=False, dispatch_uid="tasks.maintain_in_beat")

@@ -53,6 +53,8 @@ BIN = Path(sys.executable).parent
 SYSTEMS: dict[str, str] = {
     "celery": "plain Celery bare task (.delay, acks_late, prefetch 1, no result)",
     "platform": "platform plain type (dispatch.delay)",
+    "platform-traced": "platform plain type, OpenTelemetry on in producer and workers (every span exported: "
+                       "OTEL_TRACES_EXPORTER=jsonl to a file, batch processor)",
     "chat": "platform chat-scoped type, 1,000 chats",
     "limited": "platform type under a global limit it never reaches (rate and in-flight cap 100,000): the gate's cost",
     "dramatiq": "Dramatiq actor (.send; reference), the shape nearest the Celery workers",
@@ -62,6 +64,10 @@ SYSTEMS: dict[str, str] = {
     "huey": "Huey task (calling it enqueues) at its own defaults (huey_consumer: 1 worker thread)",
     "taskiq": "taskiq async task (.kiq) at its own defaults (taskiq worker, RedisStreamBroker)",
 }
+#: The systems traced with OpenTelemetry (``--tracing``; the same path as their plain twin otherwise).
+TRACED_SYSTEMS = {"platform-traced": "platform"}
+#: The systems run when none are named: all but the traced ones (``--tracing`` adds them).
+DEFAULT_SYSTEMS = [s for s in SYSTEMS if s not in TRACED_SYSTEMS]
 #: The Dramatiq systems (column `x best dramatiq` compares with the faster of them).
 DRAMATIQ_SYSTEMS = ("dramatiq", "dramatiq-defaults")
 #: The outside peers; every row is also a ratio to the fastest of them in its workload (``x best peer``).
@@ -134,7 +140,7 @@ class BenchOptions:
     concurrency: int = 1
     io_pool: str = "threads"
     io_concurrency: int = 16
-    systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    systems: list[str] = field(default_factory=lambda: list(DEFAULT_SYSTEMS))
     workloads: list[str] = field(default_factory=lambda: list(DEFAULT_WORKLOADS))
     n_sms: int = 3000
     #: The latency workload: tasks sent one at a time on an idle lane, the gap after each (ms), the
@@ -174,6 +180,8 @@ class Measurement:
     sql_per_task: float | None = None
     sql_writes_per_task: float | None = None
     rejected: int = 0
+    #: Spans exported per task (the traced systems: tracing really was on), from the span files.
+    spans_per_task: float | None = None
     #: The latency workload, per phase (``idle``, ``load``): sent, count (recorded starts), p50, p99 (ms),
     #: and for ``load`` its offered rate and the capacity it is a share of.
     latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
@@ -335,6 +343,8 @@ class Bench:
             "CELERY_WORKER_SEND_TASK_EVENTS": "false", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1",
         }
         self.env.pop("DISPATCH_PROBE_DIR", None)
+        for name in [k for k in self.env if k.startswith("OTEL_")]:  # tracing only where a traced system asks
+            del self.env[name]
         import redis
 
         client = redis.Redis.from_url(url, socket_timeout=5)
@@ -402,9 +412,17 @@ class Bench:
             return os.cpu_count() or 1, DRAMATIQ_DEFAULT_THREADS
         return _dramatiq_shape(self.o.instances, pool, concurrency)
 
+    def system_env(self, system: str, probe_dir: Path) -> dict[str, str]:
+        """The environment of a system's producer and workers: a traced one exports its spans to files."""
+        if system not in TRACED_SYSTEMS:
+            return self.env
+        probe_dir.mkdir(parents=True, exist_ok=True)
+        return {**self.env, "OTEL_TRACES_EXPORTER": "jsonl", "DISPATCH_TRACES_FILE": str(probe_dir / "spans.jsonl")}
+
     def start_workers(self, system: str, workload: str, probe_dir: Path, latency_dir: Path) -> list[_Proc]:
         pool, conc = self.worker_shape(workload)
-        env = {**self.env, "DISPATCH_PROBE_DIR": str(probe_dir), "BENCH_LATENCY_DIR": str(latency_dir)}
+        env = {**self.system_env(system, probe_dir), "DISPATCH_PROBE_DIR": str(probe_dir),
+               "BENCH_LATENCY_DIR": str(latency_dir)}
         probe_dir.mkdir(parents=True, exist_ok=True)
         logs = self.tmp / "logs"
         logs.mkdir(exist_ok=True)
@@ -429,8 +447,8 @@ class Bench:
             procs.append(_Proc(args, env, log))
             self._wait(lambda: _count_in(log, offset, ready) >= count, procs, system)
             return procs
-        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "chat": CHAT_LANE, "limited": LIMITED_LANE,
-                 "batch": BATCH_LANE, "batch-bulk": BATCH_LANE}[system]
+        queue = {"celery": "bench-celery", "platform": PLAIN_LANE, "platform-traced": PLAIN_LANE, "chat": CHAT_LANE,
+                 "limited": LIMITED_LANE, "batch": BATCH_LANE, "batch-bulk": BATCH_LANE}[system]
         for i in range(self.o.instances):
             procs.append(_Proc(
                 [str(BIN / "celery"), "-A", "dispatchsite", "worker", "-Q", queue, "-n", f"bench{i}-{system}@%h",
@@ -483,7 +501,8 @@ class Bench:
                     "worker_pids": [p.pid for p in procs], "redis_pid": self.redis_pid}
             producer = subprocess.Popen(
                 [sys.executable, str(ROOT / "manage.py"), "benchmark", "--role", "produce", "--spec",
-                 json.dumps(spec)], cwd=ROOT, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 json.dumps(spec)], cwd=ROOT, env=self.system_env(system, probe_dir), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True)
             if self.o.profile_dir and round_no == 1:
                 profilers = self._profile(workload, system, [producer.pid, *(p.pid for p in procs)])
             try:
@@ -497,6 +516,12 @@ class Bench:
             result = json.loads(out.strip().splitlines()[-1])
             for key, value in result.items():
                 setattr(m, key, value)
+            if system in TRACED_SYSTEMS:
+                for p in procs:
+                    p.stop()  # their last spans flushed at exit
+                procs = []
+                spans = probe_dir / "spans.jsonl"
+                m.spans_per_task = round(_count_in(spans, 0, b"\n") / max(1, n + self.o.warmup), 2)
         except Exception as exc:  # noqa: BLE001 - one failed measurement is reported, the run goes on
             m.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -725,7 +750,7 @@ def latency_table_rows(report: BenchReport) -> list[dict[str, Any]]:
 
 
 #: Systems whose Redis commands per task are broken down by command name under the table.
-BREAKDOWN_SYSTEMS = ("platform", "chat", "limited", "batch", "batch-bulk")
+BREAKDOWN_SYSTEMS = ("platform", "platform-traced", "chat", "limited", "batch", "batch-bulk")
 
 
 def command_breakdown(report: BenchReport) -> list[str]:
@@ -922,7 +947,7 @@ def _sender(system: str, chats: int) -> Callable[[int, dict], int]:
     else:
         from tasks.dispatch import dispatch
 
-        if system == "platform":
+        if system in ("platform", "platform-traced"):
             def send(i: int, payload: dict) -> int:
                 return 0 if dispatch.delay(PLAIN_TYPE, payload).accepted else 1
         elif system in ("batch", "batch-bulk"):
@@ -1027,7 +1052,7 @@ def _drained_check(system: str, r: Any, keys: Any) -> _Empty:
     if system == "celery":
         queues, extra = keys.lane_queues("bench-celery"), []
     else:
-        lane = {"platform": PLAIN_LANE, "limited": LIMITED_LANE, "batch": BATCH_LANE,
+        lane = {"platform": PLAIN_LANE, "platform-traced": PLAIN_LANE, "limited": LIMITED_LANE, "batch": BATCH_LANE,
                 "batch-bulk": BATCH_LANE}.get(system, CHAT_LANE)
         queues, extra = keys.lane_queues(lane), [keys.lane_chat_waiting(lane), keys.lane_delayed(lane),
                                                  keys.lane_limited(lane)]

@@ -17,7 +17,7 @@
 -- two items of one chunk see each other like two dispatch.delay calls.
 
 local function pend_new()
-  return {add = 0, base = nil, deadlines = {}, leases = {}, lists = {}, order = {}}
+  return {add = 0, base = nil, deadlines = {}, leases = {}, lists = {}, order = {}, callers = {}, owned = {}}
 end
 
 -- ``command key`` with the members of ``args``, in runs that fit Lua's stack (unpack).
@@ -32,6 +32,7 @@ local function pend_flush(pend, waiting_key, deadlines_key, leases_key)
   if pend.add ~= 0 then
     if tonumber(redis.call('INCRBY', waiting_key, pend.add)) < 0 then redis.call('DEL', waiting_key) end
   end
+  for caller, n in pairs(pend.callers) do caller_move(pend.lane_prefix, pend.lane, caller, n) end
   call_in_runs('ZADD', deadlines_key, pend.deadlines)
   call_in_runs('ZADD', leases_key, pend.leases)
   -- One ring per lane doorbell for every list the call pushed to (a chunk is one lane's).
@@ -45,6 +46,7 @@ local function pend_flush(pend, waiting_key, deadlines_key, leases_key)
   -- Reset in place (admit_one holds this table); base too, which pairs() of a fresh table would skip
   -- (nil): the next deferred item reads the waiting count again, with what was just written.
   pend.add, pend.base, pend.deadlines, pend.leases, pend.lists, pend.order = 0, nil, {}, {}, {}, {}
+  pend.callers, pend.owned = {}, {}
 end
 
 -- A count in the metrics hashes for the task type's lane and type.
@@ -143,6 +145,20 @@ end
 
 if c.accepting ~= '1' then return admit_reject(c, pend, waiting_key, depth, 'lane_closed') end
 if depth >= c.capacity then return admit_reject(c, pend, waiting_key, depth, 'lane_full') end
+-- A token's tasks waiting in the lane (_lib.lua's caller_of) at most its share (``caller_quota``, 0: none).
+local caller = caller_of(record)
+if caller and c.caller_quota > 0 then
+  local owned
+  if pend then
+    if not pend.owned[caller] then
+      pend.owned[caller] = tonumber(redis.call('HGET', c.lane_prefix .. c.lane .. LANE_CALLERS_SUFFIX, caller) or '0')
+    end
+    owned = pend.owned[caller] + (pend.callers[caller] or 0)
+  else
+    owned = tonumber(redis.call('HGET', c.lane_prefix .. c.lane .. LANE_CALLERS_SUFFIX, caller) or '0')
+  end
+  if owned >= c.caller_quota then return admit_reject(c, pend, waiting_key, depth, 'caller_quota') end
+end
 
 -- A debounce replaces the task still waiting for its key (cancel.lua's cancel_record): only once
 -- this one's own checks passed, so a refusal leaves the earlier one as it was.
@@ -188,8 +204,13 @@ if pend then
   local d = pend.deadlines
   d[#d + 1] = it.deadline_ms
   d[#d + 1] = record
+  if caller then
+    pend.callers[caller] = (pend.callers[caller] or 0) + 1
+    pend.lane_prefix, pend.lane = c.lane_prefix, c.lane
+  end
 else
   redis.call('ZADD', c.deadlines, it.deadline_ms, record)
+  if caller then caller_move(c.lane_prefix, c.lane, caller, 1) end
 end
 if due > 0 then
   -- Sent for later (the plain path pays nothing for this): runnable now, it waits

@@ -79,9 +79,29 @@ end
 -- these two, so the count moves exactly when the set does (ZADD and ZREM say
 -- whether they did). A count found below zero is dropped (never negative).
 -- waiting_add returns the Redis commands it ran (scripts that report their cost).
+--
+-- A token's tasks (ids ``tk<token id>-...``, tasks/owners.py) are also counted per token, in
+-- a hash beside the lane's count (``<lane key prefix><lane>:callers``, lanes.keys.lane_callers:
+-- a field a token id): admission refuses a token past its share of the lane (caller_quota).
+-- Moved here with the lane's count, so it too moves exactly when the set does; a field that
+-- reaches 0 goes (below 0: dropped, never negative). callers_audit.lua recounts a lost one.
+local function caller_of(record)
+  return string.match(record, ':tk(%d+)%-[^:]*$')
+end
+
+local function caller_move(lane_prefix, lane, caller, by)
+  local key = lane_prefix .. lane .. LANE_CALLERS_SUFFIX
+  if tonumber(redis.call('HINCRBY', key, caller, by)) <= 0 then redis.call('HDEL', key, caller) end
+end
+
 local function waiting_add(deadlines, record, at, lane_prefix, lane)
   if redis.call('ZADD', deadlines, at, record) == 1 and lane and lane_prefix then
     redis.call('INCR', lane_prefix .. lane .. LANE_WAITING_SUFFIX)
+    local caller = caller_of(record)
+    if caller then
+      caller_move(lane_prefix, lane, caller, 1)
+      return 3
+    end
     return 2
   end
   return 1
@@ -91,17 +111,37 @@ local function waiting_remove(deadlines, record, lane_prefix, lane)
   if redis.call('ZREM', deadlines, record) == 1 and lane and lane_prefix then
     local key = lane_prefix .. lane .. LANE_WAITING_SUFFIX
     if tonumber(redis.call('DECR', key)) < 0 then redis.call('DEL', key) end
+    local caller = caller_of(record)
+    if caller then caller_move(lane_prefix, lane, caller, -1) end
   end
 end
 
 -- waiting_remove for several records of one lane at once (a batched claim):
--- one ZREM and one DECRBY instead of two commands a record.
+-- one ZREM and one DECRBY instead of two commands a record. Tokens' records are
+-- looked up first (one ZMSCORE), so that only those the ZREM takes are counted out.
 local function waiting_remove_all(deadlines, records, lane_prefix, lane)
   if #records == 0 then return end
+  local marked, callers = {}, nil
+  if lane and lane_prefix then
+    for _, record in ipairs(records) do
+      if caller_of(record) then marked[#marked + 1] = record end
+    end
+  end
+  if #marked > 0 then
+    callers = {}
+    local scores = redis.call('ZMSCORE', deadlines, unpack(marked))
+    for i, record in ipairs(marked) do
+      if scores[i] then
+        local caller = caller_of(record)
+        callers[caller] = (callers[caller] or 0) + 1
+      end
+    end
+  end
   local removed = redis.call('ZREM', deadlines, unpack(records))
   if removed > 0 and lane and lane_prefix then
     local key = lane_prefix .. lane .. LANE_WAITING_SUFFIX
     if tonumber(redis.call('DECRBY', key, removed)) < 0 then redis.call('DEL', key) end
+    for caller, n in pairs(callers or {}) do caller_move(lane_prefix, lane, caller, -n) end
   end
 end
 

@@ -22,7 +22,9 @@
 --   lane_prefix (lanes.keys.LANE_PREFIX), read_estimate ('1': read the lane's
 --   estimate inputs; '0': the caller has them from a recent call), dedupe ('key' |
 --   'throttle' | 'debounce', tasks.dedupe), dedupe_window_ms, tombstone_ttl_s and
---   settle_lease_ms (a debounce's replaced task is cancelled as cancel.lua does);
+--   settle_lease_ms (a debounce's replaced task is cancelled as cancel.lua does),
+--   caller_quota (the most tasks one token may hold waiting in the lane, its share of
+--   the capacity: past it an item of that token is refused 'caller_quota'; '0': no share);
 --   then ITEM_ARGS an item: task_id, message (stored compact: lanes/messages.py),
 --   kombu_priority 0..9, chat ('' none), digest (of the payload; '' without an
 --   idempotency key), deadline_ms, limits (its limit instance bases, newline-separated;
@@ -57,7 +59,7 @@
 -- Because Redis runs a script alone, a dispatch appending to a chat and a worker
 -- handing the chat over (finish.lua) never interleave (the seed's race cannot happen).
 
-local SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 17, 9
+local SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 18, 9
 local c = {
   config_version = KEYS[1], leases = KEYS[2], chat_waiting = KEYS[3], delayed = KEYS[4],
   metrics_total = KEYS[5], metrics_minute = KEYS[6], metrics_previous_minute = KEYS[7], chats = KEYS[8],
@@ -67,7 +69,7 @@ local c = {
   capacity = tonumber(ARGV[6]), chat_queue_size = tonumber(ARGV[7]), idempotency_window_s = ARGV[8],
   queued_lease_ms = ARGV[9], replace_idempotency = ARGV[10] == '1', limit_prefix = ARGV[11],
   lane_prefix = ARGV[12], read_estimate = ARGV[13] == '1', dedupe = ARGV[14], dedupe_window_ms = tonumber(ARGV[15]),
-  tombstone_ttl_s = tonumber(ARGV[16]), settle_lease_ms = tonumber(ARGV[17]),
+  tombstone_ttl_s = tonumber(ARGV[16]), settle_lease_ms = tonumber(ARGV[17]), caller_quota = tonumber(ARGV[18]),
 }
 local items = (#ARGV - SHARED_ARGS) / ITEM_ARGS
 

@@ -25,7 +25,7 @@ from lanes.lua.loader import utf8_length as _length
 
 NAME = "admit"
 #: admit.lua's layout (its header): the chunk's keys and arguments, then each item's arguments.
-SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 17, 9
+SHARED_KEYS, SHARED_ARGS, ITEM_ARGS = 21, 18, 9
 
 
 class Chunk(NamedTuple):
@@ -49,6 +49,8 @@ class Chunk(NamedTuple):
     #: A debounce cancels the task it replaces as ``tasks.cancel`` does: its tombstone's life, its settle lease.
     tombstone_ttl_s: int = 0
     settle_lease_ms: int = 0
+    #: The most tasks one token (ids ``tk<id>-``) may hold waiting in the lane (0: no share to hold it to).
+    caller_quota: int = 0
 
 
 @dataclass(slots=True)
@@ -97,7 +99,7 @@ class Admitted(NamedTuple):
 
 
 class Rejected(NamedTuple):
-    reason: str  # lane_closed, lane_full, chat_queue_full
+    reason: str  # lane_closed, lane_full, caller_quota, chat_queue_full
     depth: int
 
 
@@ -266,7 +268,7 @@ def shared_args(chunk: Chunk, read_estimate: bool) -> list[Any]:
             chunk.capacity, chunk.chat_queue_size, chunk.idempotency_window_s, chunk.queued_lease_ms,
             "1" if chunk.replace_idempotency else "0", keys.LIMIT_PREFIX, keys.LANE_PREFIX,
             "1" if read_estimate else "0", chunk.dedupe, chunk.dedupe_window_ms, chunk.tombstone_ttl_s,
-            chunk.settle_lease_ms]
+            chunk.settle_lease_ms, chunk.caller_quota]
 
 
 def packed(chunk: Chunk, items: Sequence[Item], *, read_estimate: bool = True) -> Packed:
@@ -318,13 +320,15 @@ def _shared_args_text(chunk: Chunk, read_estimate: bool) -> str:
     version, now_ms, lane, task_type = chunk.version, str(int(chunk.now * 1000)), chunk.lane, chunk.task_type
     capacity, size = str(int(chunk.capacity)), str(int(chunk.chat_queue_size))
     window, lease = str(int(chunk.idempotency_window_s)), str(int(chunk.queued_lease_ms))
+    quota = str(int(chunk.caller_quota))
     return (f"${_length(version)}\r\n{version}\r\n${len(now_ms)}\r\n{now_ms}\r\n"
             f"${_length(lane)}\r\n{lane}\r\n${_length(task_type)}\r\n{task_type}\r\n"
             f"$1\r\n{'1' if chunk.accepting else '0'}\r\n${len(capacity)}\r\n{capacity}\r\n"
             f"${len(size)}\r\n{size}\r\n${len(window)}\r\n{window}\r\n${len(lease)}\r\n{lease}\r\n"
             f"$1\r\n{'1' if chunk.replace_idempotency else '0'}\r\n{_PREFIXES_TEXT}"
             f"$1\r\n{'1' if read_estimate else '0'}\r\n"
-            f"{_dedupe_args_text(chunk.dedupe, chunk.dedupe_window_ms, chunk.tombstone_ttl_s, chunk.settle_lease_ms)}")
+            f"{_dedupe_args_text(chunk.dedupe, chunk.dedupe_window_ms, chunk.tombstone_ttl_s, chunk.settle_lease_ms)}"
+            f"${len(quota)}\r\n{quota}\r\n")
 
 
 @functools.lru_cache(maxsize=256)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NamedTuple
 
 from lanes import counters, keys
 from lanes.lua.loader import call
@@ -10,12 +10,21 @@ from lanes.lua.loader import call
 NAME = "finish"
 
 
+class Finished(NamedTuple):
+    """finish.lua's answer. ``status``: 'ok' (``detail``: the chat's next task id, or ''), 'already'
+    (``detail``: the state it was already in), 'taken' (``detail``: the owner that claimed it since:
+    that attempt finishes it) or 'gone'."""
+
+    status: str
+    detail: str = ""
+
+
 def finish(
     *, task_id: str, record: str, chat: str, outcome: str, result_json: str, now: float, tombstone_ttl_s: int,
     queued_lease_ms: int, metric_field: str, reason: str, execution_latency_bucket: str,
     execution_latency_s: float, owner: str, settle_lease_ms: int,
-) -> list[Any]:
-    """Run finish.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
+) -> Finished:
+    """Run finish.lua (KEYS/ARGV in its header).
 
     A finish that took ('ok') is counted here, in process (``lanes.counters``):
     succeeded, cancelled or dead (with ``reason``), completed per lane, the execution
@@ -29,9 +38,10 @@ def finish(
          keys.chat_record_prefix(chat) if chat else "", keys.lane_chat_waiting(""), owner, settle_lease_ms,
          keys.LIMIT_PREFIX, keys.LANE_PREFIX],
     )
-    if reply and reply[0] == b"ok":
+    answer = Finished(*(v.decode(errors="replace") if isinstance(v, bytes) else str(v) for v in reply))
+    if answer.status == "ok":
         count_finished(metric_field, outcome, reason, execution_latency_bucket, execution_latency_s, now)
-    return reply
+    return answer
 
 
 def count_finished(metric_field: str, outcome: str, reason: str, bucket: str, seconds: float, now: float) -> None:

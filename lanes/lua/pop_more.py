@@ -27,13 +27,13 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def pop_more(client: Redis, lane: str, lists: Sequence[str], room: int, bits: int | None = None,
-             ) -> list[Popped]:
+def pop_more(client: Redis, lane: str, lists: Sequence[str], room: int, bits: int | None = None, *,
+             book: leases.LeaseBook | None = None) -> list[Popped]:
     """Up to ``room`` messages of ``lane`` from ``lists`` (its lists, kombu priority 0 first), on
-    ``client`` (the broker channel's). ``bits``: the lists a doorbell token names (bit p:
-    ``lists[p]``); None: every list."""
+    ``client`` (the broker channel's), for the lease ``book`` (the channel's; else the process's).
+    ``bits``: the lists a doorbell token names (bit p: ``lists[p]``); None: every list."""
     me = leases.process_id()
-    register = "" if leases.registered() else me
+    register = "" if (book or leases.current()).registered() else me
     popped = script(NAME)(keys=[keys.process_in_hand(me), keys.PROCS, keys.lane_doorbell(lane), *lists],
                           args=[room, register, leases.liveness_expiry_ms(), "" if bits is None else bits],
                           client=client)

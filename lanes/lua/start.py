@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 
@@ -12,12 +12,27 @@ from lanes.lua.loader import call
 NAME = "start"
 
 
+class Started(NamedTuple):
+    """start.lua's answer. ``status``: 'run' (``detail``: its delivery count; ``config_version``: the
+    config in force), 'finished' (``detail``: 'outcome|result JSON'), 'busy' (``detail``: the owner
+    holding its claim), 'poison' (``detail``: its delivery count), 'gone', 'stale' or 'nothead'."""
+
+    status: str
+    detail: str = ""
+    config_version: str = ""
+
+    @property
+    def deliveries(self) -> int:
+        """How many times it was delivered ('run' and 'poison')."""
+        return int(self.detail)
+
+
 def start(
     *, task_id: str, record: str, chat: str, attempt: int, owner: str, now: float, lease_ms: int,
     max_deliveries: int, dead_owner: str, metric_field: str, queue_latency_bucket: str, queue_latency_s: float,
     process: str, liveness_ms: int,
-) -> list[Any]:
-    """Run start.lua (KEYS/ARGV in its header); returns its reply as Redis sent it.
+) -> Started:
+    """Run start.lua (KEYS/ARGV in its header).
 
     With ``DISPATCH_REPLICA_ACKS`` = N > 0, a 'run' reply is returned only once
     N replicas hold the claim, and so (one ordered replication stream) the
@@ -41,8 +56,12 @@ def start(
     if _claimed(reply):
         counters.add(f"started|{metric_field}", now)
         counters.observe("qlat", metric_field, queue_latency_bucket, queue_latency_s, now)
-    return reply
+    return Started(*(_text(value) for value in reply))
 
 
 def _claimed(reply: list[Any]) -> bool:
     return bool(reply) and reply[0] == b"run"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

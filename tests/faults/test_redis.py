@@ -130,7 +130,8 @@ def test_03_sigkill_redis_and_restart_from_the_aof(cluster_factory, record):
 
 
 def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
-    """Redis frozen for 20 s under load: dispatch answers ``unavailable`` within its timeout (saying
+    """Redis frozen under load (10 s here, 20 s in ``make faults``; either is several of dispatch's
+    timeouts): dispatch answers ``unavailable`` within its timeout (saying
     when the outcome is unknown), never half-writes; workers reconnect by themselves; all drains."""
     started = time.time()
     cluster = cluster_factory(env={"DISPATCH_REDIS_TIMEOUT_S": str(REDIS_TIMEOUT_S)})
@@ -139,7 +140,7 @@ def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     cluster.sink.sink.behaviour.delay_s = (0.005, 0.03)
     workers = [cluster.worker(lane, concurrency=2), cluster.worker(lane, pool="threads", concurrency=4)]
     pids = [w.pid for w in workers]
-    pause = 20.0
+    pause = pick(10.0, 20.0)
     before, after = pick(4, 15), pick(6, 15)
     duration = before + pause + after
     careful = cluster.constant_load(name, rate=pick(20, 30), duration=duration, chats=pick(24, 48))
@@ -152,8 +153,8 @@ def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     cluster.redis_resume()
     careful.wait(timeout=duration + 120)
     one_shot.wait(timeout=duration + 120)
-    rep = drain_and_check(cluster, [careful, one_shot], scenario="4 SIGSTOP Redis 20 s", drain_bound=pick(60, 90),
-                          lanes=[lane])
+    rep = drain_and_check(cluster, [careful, one_shot], scenario=f"4 SIGSTOP Redis {pause:g} s",
+                          drain_bound=pick(60, 90), lanes=[lane])
     entries = careful.entries() + one_shot.entries()
     slowest = max(e["slowest_s"] for e in entries)
     refused = [e for e in entries if e["first"] == "unavailable"]

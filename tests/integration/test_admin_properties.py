@@ -182,3 +182,41 @@ def test_task_type_add_form(client, refs, data, enabled, chat_scoped):
         if row.dedupe != "key":
             assert 0 < row.dedupe_window < row.timeout or row.dedupe == "throttle"
         row.full_clean()
+
+
+@pytest.fixture(scope="module")
+def schedule_refs():
+    from django_celery_beat.models import IntervalSchedule
+
+    tt = define(unique("prop-sched"))
+    interval, _ = IntervalSchedule.objects.get_or_create(every=90, period="seconds")
+    return {"task_type": str(tt.pk), "interval": str(interval.pk)}
+
+
+@SETTINGS
+@given(data=st.data(), enabled=st.booleans())
+def test_schedule_add_form(client, schedule_refs, data, enabled):
+    from tasks.models import Schedule
+
+    payloads = st.dictionaries(st.text(max_size=8), JSON_VALUES, max_size=3).map(json.dumps)
+    form = _draw(data, valid={
+        "name": _name("ps.", "abcXYZ019_.:-").filter(lambda n: n.startswith("ps.")),
+        "task_type": st.just(schedule_refs["task_type"]), "interval": st.just(schedule_refs["interval"]),
+        "payload": payloads, "priority": st.just("") | _num(0, 9), "missed": st.sampled_from(["once", "skip"]),
+        "chat_id": st.text(alphabet="abc-019", max_size=10), "limit_key": st.text(alphabet="xyz_5", max_size=10),
+    }, wild={
+        "name": ANY_TEXT, "task_type": st.sampled_from(["0", "-1", "x", ""]) | ANY_TEXT,
+        "interval": st.sampled_from(["0", "", "abc"]) | ANY_TEXT, "payload": OPTIONS, "priority": NUMBER,
+        "missed": st.sampled_from(["burst", "", "ONCE"]) | ANY_TEXT, "chat_id": ANY_TEXT, "limit_key": ANY_TEXT,
+    })
+    form.update({"crontab": "", "clocked": ""})
+    if enabled:
+        form["enabled"] = "on"
+    status, row, _ = _post(client, Schedule, "/admin/tasks/schedule/add/", form)
+    if status == 302:
+        assert row.name == form["name"].strip() and str(row.task_type_id) == form["task_type"]
+        assert isinstance(row.payload, dict) and row.payload == json.loads(form["payload"] or "{}")
+        assert row.priority == (_int(form["priority"]) if form["priority"].strip() else None)
+        assert row.missed == form["missed"] and row.enabled is enabled
+        assert row.periodic_task is not None and row.periodic_task.enabled is enabled
+        row.full_clean()

@@ -23,6 +23,7 @@ def chunks(draw):
         chat_queue_size=50, idempotency_window_s=3600, queued_lease_ms=30000, replace_idempotency=draw(st.booleans()),
         dedupe=draw(st.sampled_from(["key", "throttle", "debounce"])), dedupe_window_ms=draw(st.integers(0, 10**8)),
         tombstone_ttl_s=draw(st.integers(0, 10**6)), settle_lease_ms=draw(st.integers(0, 10**6)),
+        caller_quota=draw(st.sampled_from([0, 5, 1000])),
     )
     items = []
     for _ in range(draw(st.integers(1, 6))):

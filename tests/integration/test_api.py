@@ -338,7 +338,8 @@ def test_admin_creates_a_token_shown_once_and_revokes_it(admin_client, echo_type
     name = unique("svc-admin")
     tt = TaskType.objects.get(name=echo_type)
     r = admin_client.post("/admin/api/servicetoken/add/",
-                          {"name": name, "notes": "team x", "task_types": [tt.pk], "rate_per_s": 50}, follow=True)
+                          {"name": name, "notes": "team x", "task_types": [tt.pk], "rate_per_s": 50,
+                           "lane_share": 100}, follow=True)
     assert r.status_code == 200
     shown = [str(m) for m in get_messages(r.wsgi_request)] or [r.content.decode()]
     text = " ".join(shown)

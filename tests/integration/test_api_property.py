@@ -146,3 +146,54 @@ def test_another_token_changes_nothing_this_token_reads_admits_or_is_refused(roo
                 _act(intruder, task_type, action, salt, their_ids, ids + their_ids)
         answers[world] = [_normal(text, ids, names) for text in got]
     assert answers["mixed"] == answers["alone"]
+
+
+# --- a token's share of a lane: at its share it is refused, another token is not ----------------------
+
+#: One step: (who, how many items, whether A cancels one of its waiting tasks first).
+SHARE_STEP = st.tuples(st.sampled_from(["a", "b"]), st.integers(1, 4), st.booleans())
+
+
+@pytest.fixture(scope="module")
+def sharers():
+    """Token A with a share of each lane it uses, token B with the whole lane (the default)."""
+    name = unique("api-share")
+    define(name, handler="demo.echo", lane=unique("t-share-prop"), capacity=10, timeout=300)
+    a_name = unique("svc-share-a")
+    a = make_token(a_name, [name], rate_per_s=1_000_000, lane_share=10)
+    b = make_token(unique("svc-share-b"), [name], rate_per_s=1_000_000)
+    return name, a_name, ApiClient(a), ApiClient(b)
+
+
+@settings(max_examples=int(os.environ.get("API_PROPERTY_EXAMPLES", "15")), deadline=None,
+          derandomize=bool(os.environ.get("CI")), database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(capacity=st.integers(3, 30), share=st.integers(1, 100), steps=st.lists(SHARE_STEP, min_size=1, max_size=10))
+def test_a_token_at_its_share_is_refused_and_another_token_is_not(sharers, capacity, share, steps):
+    """Every item's answer is the model's: refused ``lane_full`` at the capacity, else ``caller_quota`` for A at
+    its share (at least one task), else admitted; cancelling one of A's waiting tasks gives its room back."""
+    from api.models import ServiceToken
+
+    name, a_name, a, b = sharers
+    define(name, handler="demo.echo", lane=unique("t-share-ex"), capacity=capacity, timeout=300)  # a fresh lane
+    ServiceToken.objects.filter(name=a_name).update(lane_share=share)  # read per request
+    quota = max(1, capacity * share // 100)
+    depth, held, mine = 0, 0, []
+    for who, count, cancel in steps:
+        if cancel and mine:
+            assert a.post(f"/tasks/{mine.pop()}/cancel").status_code == 200
+            depth, held = depth - 1, held - 1
+        client = a if who == "a" else b
+        items = [{"n": n} for n in range(count)]
+        answers = (json.loads(client.post("/dispatch/bulk", {"task_type": name, "items": items}).content)["results"]
+                   if count > 1 else [json.loads(client.post("/dispatch", {"task_type": name, "payload": items[0]})
+                                                 .content)])
+        for answer in answers:
+            expected = ("lane_full" if depth >= capacity else
+                        "caller_quota" if who == "a" and held >= quota and share < 100 else None)
+            assert answer.get("reason") == expected, (who, depth, held, quota, answer)
+            if expected is None:
+                depth += 1
+                if who == "a":
+                    held += 1
+                    mine.append(answer["task_id"])

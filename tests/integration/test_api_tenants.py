@@ -130,6 +130,46 @@ def test_a_bulk_counts_each_item_against_the_tokens_rate(plain_type):
     assert not DispatchAudit.objects.filter(task_type=plain_type).exists()  # nothing reached admission
 
 
+def test_a_token_at_its_share_of_the_lane_is_refused_caller_quota_while_another_gets_in():
+    """A holds 10 % of a capacity-50 lane: its 6th waiting task is refused (429, Retry-After); B still gets in,
+    in one request or in bulk, and a task of A that leaves waiting (cancelled) makes room again."""
+    name = unique("ten-share")
+    define(name, handler="demo.echo", lane=unique("t-share"), capacity=50, timeout=300)
+    a = ApiClient(make_token(unique("svc-a"), [name], rate_per_s=100_000, lane_share=10))
+    b = ApiClient(make_token(unique("svc-b"), [name], rate_per_s=100_000))
+    held = [_body(_send(a, name, payload={"n": n})) for n in range(5)]
+    assert all(r["accepted"] for r in held)
+    refused = _send(a, name, payload={"n": 5})
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert _body(refused)["reason"] == "caller_quota" and "10%" in _body(refused)["detail"]
+    assert _body(_send(b, name, payload={"n": 0}))["accepted"] is True
+    bulk = _body(a.post("/dispatch/bulk", {"task_type": name, "items": [{"n": n} for n in range(3)]}))
+    assert [r["reason"] for r in bulk["results"]] == ["caller_quota"] * 3
+    bulk = _body(b.post("/dispatch/bulk", {"task_type": name, "items": [{"n": n} for n in range(30)]}))
+    assert bulk["accepted"] == 30
+    assert a.post(f"/tasks/{held[0]['task_id']}/cancel").status_code == 200
+    again = [_body(_send(a, name, payload={"n": n})) for n in (6, 7)]
+    assert [r["accepted"] for r in again] == [True, False] and again[1]["reason"] == "caller_quota"
+
+
+def test_the_lane_share_is_on_the_tokens_admin_form_and_checked():
+    from django.contrib.auth.models import User
+    from django.core.exceptions import ValidationError
+    from django.test import Client
+
+    from api.models import ServiceToken
+
+    admin = User.objects.create_superuser(unique("share-admin"), password="pw-share-1")
+    client = Client()
+    client.force_login(admin)
+    page = client.get("/admin/api/servicetoken/add/").content.decode()
+    assert 'name="lane_share"' in page and "caller_quota" in page
+    row = ServiceToken(name=unique("svc-bad-share"), lane_share=0)
+    row.set_new_secret()
+    with pytest.raises(ValidationError, match="lane_share"):
+        row.full_clean()
+
+
 @pytest.mark.parametrize("extra,reason", [
     ({"timeout": 604800.0}, "invalid_timeout"),
     ({"timeout": 31.0}, "invalid_timeout"),

@@ -280,7 +280,7 @@ def test_a_batched_claim_takes_the_ready_messages_and_leaves_the_rest_in_order(r
                         lease_ms=30000, max_deliveries=5, most=10, metric_field=f"{lane}|{mine.name}",
                         process="h:1", liveness_ms=0)
     after = rc.info("commandstats")
-    ids = [json.loads(m)["headers"]["id"] for m in taken]
+    ids = [json.loads(m)["headers"]["id"] for m in taken.messages]
     assert ids == [sent[i].task_id for i in (0, 1, 3, 5)]  # oldest first
     left = [listed_message(rc, m)["headers"]["id"] for m in reversed(rc.lrange(queue, 0, -1))]
     assert left == [sent[2].task_id, sent[4].task_id]  # the other type's, in their order
@@ -290,4 +290,4 @@ def test_a_batched_claim_takes_the_ready_messages_and_leaves_the_rest_in_order(r
         assert rc.hget(keys.task_record(sent[i].task_id), "st") == b"running"
     assert claim_batch(lane=lane, handler="http.post_batch", task_type=mine.name, owner="h:1:1", now=time.time(),
                        lease_ms=30000, max_deliveries=5, most=10, metric_field=f"{lane}|{mine.name}",
-                       process="h:1", liveness_ms=0) == []
+                       process="h:1", liveness_ms=0).messages == []

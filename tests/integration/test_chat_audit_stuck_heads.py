@@ -11,9 +11,9 @@ from django_celery_results.models import TaskResult
 from prometheus_client import generate_latest
 
 from lanes import keys, leases
-from lanes.lua.finish import finish
+from lanes.lua.finish import Finished, finish
 from lanes.lua.pop_more import pop_more
-from lanes.lua.start import start
+from lanes.lua.start import Started, start
 from lanes.lua.sweep import sweep
 from lanes.models import LaneEvent
 from ops.prometheus import registry
@@ -43,13 +43,13 @@ def _audit_until(rc, now_ms: int) -> None:
                 break
 
 
-def _claim(record: str, task_id: str, chat: str, owner: str, now: float, lease_ms: int) -> list:
+def _claim(record: str, task_id: str, chat: str, owner: str, now: float, lease_ms: int) -> Started:
     return start(task_id=task_id, record=record, chat=chat, attempt=1, owner=owner, now=now, lease_ms=lease_ms,
                  max_deliveries=5, dead_owner="", metric_field="x|y", queue_latency_bucket="", queue_latency_s=0.0,
                  process=owner.rsplit(":", 1)[0], liveness_ms=5000)
 
 
-def _finish(record: str, task_id: str, chat: str, owner: str, now: float) -> list:
+def _finish(record: str, task_id: str, chat: str, owner: str, now: float) -> Finished:
     return finish(task_id=task_id, record=record, chat=chat, outcome="done", result_json="null", now=now,
                   tombstone_ttl_s=60, queued_lease_ms=120_000, metric_field="x|y", reason="",
                   execution_latency_bucket="", execution_latency_s=0.0, owner=owner, settle_lease_ms=10_000)
@@ -138,7 +138,7 @@ def test_a_running_head_whose_owner_cannot_move_it_is_republished_and_a_late_fin
     assert [p.record for p in pop_more(rc, lane, keys.lane_queues(lane), 4)] == [head]
     rc.delete(keys.process_in_hand(leases.process_id()))
     # Claimed, then its lease renewed far ahead (as a beat renews every lease it still counts)...
-    assert _claim(head, task_id, chat, owner, now, 6000)[0] == b"run"
+    assert _claim(head, task_id, chat, owner, now, 6000).status == "run"
     rc.zadd(keys.LEASES, {head: int((now + 3600) * 1000)}, xx=True)
     # ... by an owner that no longer holds it, is dead, or is unknown.
     if cause == "not_running":
@@ -156,10 +156,10 @@ def test_a_running_head_whose_owner_cannot_move_it_is_republished_and_a_late_fin
     assert rc.hget(head, "st") == b"queued" and sum(rc.llen(q) for q in keys.lane_queues(lane)) == 1
     # A new delivery claims it; the old owner's late finish is fenced; the new one hands the chat on.
     later = now + 20
-    assert _claim(head, task_id, chat, "new-host:1:1", later, 6000)[0] == b"run"
-    assert _finish(head, task_id, chat, owner, later)[0] == b"taken"
+    assert _claim(head, task_id, chat, "new-host:1:1", later, 6000).status == "run"
+    assert _finish(head, task_id, chat, owner, later).status == "taken"
     assert rc.lindex(keys.chat_queue(chat), 0).decode() == task_id
-    assert _finish(head, task_id, chat, "new-host:1:1", later)[0] == b"ok"
+    assert _finish(head, task_id, chat, "new-host:1:1", later).status == "ok"
     assert rc.lindex(keys.chat_queue(chat), 0).decode() == sent[1].task_id
     assert rc.hget(keys.task_record(sent[1].task_id, chat), "st") == b"queued"
     rc.zrem(keys.PROCS, proc)
@@ -173,7 +173,7 @@ def test_a_running_head_of_a_live_owner_that_holds_it_is_left_alone(rc):
     head = keys.task_record(sent.task_id, chat)
     proc = f"live-{unique('h')}:4242"
     now = time.time()
-    assert _claim(head, sent.task_id, chat, f"{proc}:1", now, 3_600_000)[0] == b"run"
+    assert _claim(head, sent.task_id, chat, f"{proc}:1", now, 3_600_000).status == "run"
     rc.zadd(keys.PROCS, {proc: int((now + 3600) * 1000)})
     _audit_until(rc, int(now * 1000))
     assert rc.hget(head, "st") == b"running" and not LaneEvent.objects.filter(lane=lane).exists()

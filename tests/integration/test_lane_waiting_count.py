@@ -109,12 +109,12 @@ def test_a_batched_claim_takes_its_tasks_out_of_the_count(rc):
         lane=lane, handler=handler, task_type=name, owner="wc-test:1:1", now=now, lease_ms=60_000,
         max_deliveries=5, most=4, metric_field=f"{lane}|{name}", process="wc-test:1", liveness_ms=0,
     )
-    assert len(taken) == 4
+    assert len(taken.messages) == 4
     assert waiting(rc, lane) == in_deadlines(rc, lane) == 2
     rest = claim_batch(
         lane=lane, handler=handler, task_type=name, owner="wc-test:1:1", now=now, lease_ms=60_000,
         max_deliveries=5, most=10, metric_field=f"{lane}|{name}", process="wc-test:1", liveness_ms=0,
     )
-    assert len(rest) == 2
+    assert len(rest.messages) == 2
     assert waiting(rc, lane) == in_deadlines(rc, lane) == 0
     rc.delete(keys.process_held("wc-test:1"))

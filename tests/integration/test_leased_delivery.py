@@ -162,7 +162,7 @@ def test_a_record_is_settled_only_when_the_row_stored_is_its_outcome(monkeypatch
     from lanes import leases
 
     settled: list[str] = []
-    monkeypatch.setattr(leases, "settle", settled.append)
+    monkeypatch.setattr(leases.current(), "settle", settled.append)
     task = app.tasks["demo.echo"]
     for status in ("FAILURE", "SUCCESS"):
         task.push_request(id="t-settle", dispatch_settle=("rec:t-settle", "SUCCESS"))

@@ -46,7 +46,7 @@ def run(task_id: str, chat: str = "") -> None:
     now = time.time()
     assert lua_start(task_id=task_id, record=record, chat=chat, attempt=1, owner="t:1:1", now=now, lease_ms=6000,
                      max_deliveries=5, dead_owner="", metric_field="x|y", queue_latency_bucket="",
-                     queue_latency_s=0.0, process="t:1", liveness_ms=60_000)[0] == b"run"
+                     queue_latency_s=0.0, process="t:1", liveness_ms=60_000).status == "run"
     lua_finish(task_id=task_id, record=record, chat=chat, outcome="done", result_json="null", now=now,
                tombstone_ttl_s=60, queued_lease_ms=120000, metric_field="x|y", reason="",
                execution_latency_bucket="", execution_latency_s=0.0, owner="t:1:1", settle_lease_ms=6000)
@@ -169,7 +169,7 @@ def test_retry_after_pauses_every_task_of_the_key(rc):
     now = time.time()
     assert lua_start(task_id=first, record=record, chat="", attempt=1, owner="t:1:1", now=now, lease_ms=6000,
                      max_deliveries=5, dead_owner="", metric_field="x|y", queue_latency_bucket="",
-                     queue_latency_s=0.0, process="t:1", liveness_ms=60_000)[0] == b"run"
+                     queue_latency_s=0.0, process="t:1", liveness_ms=60_000).status == "run"
     lua_retry(record=record, lane=lane, now=now, next_attempt=2, message=rc.hget(record, "msg").decode(),
               due=now + 1, queued_lease_ms=120000, metric_field="x|y", owner="t:1:1", retry_after_s=1.0)
     base = keys.limit_base(lim.name, "s1")
@@ -318,7 +318,7 @@ def test_an_overdue_retry_goes_through_the_gate_not_around_it(rc):
     now = time.time()
     assert lua_start(task_id=first, record=record, chat="", attempt=1, owner="t:1:1", now=now, lease_ms=6000,
                      max_deliveries=5, dead_owner="", metric_field="x|y", queue_latency_bucket="",
-                     queue_latency_s=0.0, process="t:1", liveness_ms=60_000)[0] == b"run"
+                     queue_latency_s=0.0, process="t:1", liveness_ms=60_000).status == "run"
     lua_retry(record=record, lane=lane, now=now, next_attempt=2, message=rc.hget(record, "msg").decode(),
               due=now, queued_lease_ms=120000, metric_field="x|y", owner="t:1:1", retry_after_s=0.0)
     holder = admit(tt.name, {}).task_id  # takes the slot the parked retry gave back

@@ -138,7 +138,7 @@ def test_a_claim_names_its_process_and_registers_its_liveness(rc):
     reply = start(task_id=result.task_id, record=record, chat="", attempt=1, owner=f"{proc}:1", now=time.time(),
                   lease_ms=30_000, max_deliveries=5, dead_owner="", metric_field=f"{lane}|{name}",
                   queue_latency_bucket="", queue_latency_s=0.0, process=proc, liveness_ms=5000)
-    assert reply[0] == b"run"
+    assert reply.status == "run"
     assert rc.smembers(keys.process_held(proc)) == {record.encode()}
     assert rc.zscore(keys.PROCS, proc) > time.time() * 1000
     # Once its liveness is gone the claim is handed on, long before its 30 s lease.

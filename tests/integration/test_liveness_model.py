@@ -34,6 +34,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from lanes import keys, leases
 from lanes.lua import loader
 from lanes.lua.cancel import cancel as lua_cancel
+from lanes.lua.finish import Finished
 from lanes.lua.finish import finish as lua_finish
 from lanes.lua.forget import forget
 from lanes.lua.limits_due import drain_due
@@ -41,6 +42,7 @@ from lanes.lua.pop_more import pop_more
 from lanes.lua.promote import promote
 from lanes.lua.reclaim import reclaim
 from lanes.lua.retry import retry as lua_retry
+from lanes.lua.start import Started
 from lanes.lua.start import start as lua_start
 from lanes.lua.sweep import sweep
 from lanes.redis_client import get_redis
@@ -106,7 +108,7 @@ class Worker:
 def as_process(proc: str):
     """pop_more names the records in the calling process's in-hand set: here, a modelled worker's."""
     with mock.patch.object(leases, "process_id", lambda pid=None: proc), \
-            mock.patch.object(leases, "registered", lambda: True):
+            mock.patch.object(leases.current(), "registered", lambda: True):
         yield
 
 
@@ -158,7 +160,7 @@ class LivenessModel(RuleBasedStateMachine):
         return worker
 
     def _beat(self, worker: Worker) -> None:
-        """What a live worker's lease thread does each beat (lanes.leases.beat), on the model's clock."""
+        """What a live worker's lease thread does each beat (lanes.leases.LeaseBook.beat), on the model's clock."""
         now = self.now_ms()
         pipe = self.rc.pipeline(transaction=False)
         pipe.zadd(keys.PROCS, {worker.proc: now + int(leases.LIVENESS_TTL_S * 1000)})
@@ -183,18 +185,18 @@ class LivenessModel(RuleBasedStateMachine):
         worker.running.pop(record, None)
         self.rc.srem(keys.process_held(worker.proc), record)
 
-    def _finish(self, worker: Worker, record: str, outcome: str, owner: str | None = None) -> list:
+    def _finish(self, worker: Worker, record: str, outcome: str, owner: str | None = None) -> Finished:
         now = self.now_ms() / 1000
         chat = _chat_of(record)
         reply = lua_finish(task_id=_task_id(record), record=record, chat=chat, outcome=outcome, result_json="null",
                            now=now, tombstone_ttl_s=3600, queued_lease_ms=QUEUED_MS, metric_field="m|m", reason="",
                            execution_latency_bucket="", execution_latency_s=0.0,
                            owner=worker.owner if owner is None else owner, settle_lease_ms=LEASE_MS)
-        if reply[0] == b"ok":
+        if reply.status == "ok":
             self.ended.setdefault(chat, []).append(_task_id(record))
         return reply
 
-    def _claim(self, worker: Worker, record: str, msg: bytes) -> list:
+    def _claim(self, worker: Worker, record: str, msg: bytes) -> Started:
         attempt = int(re.search(rb'"attempt":(\d+)', msg).group(1))  # type: ignore[union-attr]
         return lua_start(task_id=_task_id(record), record=record, chat=_chat_of(record), attempt=attempt,
                          owner=worker.owner, now=self.now_ms() / 1000, lease_ms=LEASE_MS, max_deliveries=10,
@@ -205,7 +207,7 @@ class LivenessModel(RuleBasedStateMachine):
         """A worker's delivery of a popped message: claim, and what the worker does with each answer."""
         record, msg = worker.in_hand[index]
         reply = self._claim(worker, record, msg)
-        status = reply[0].decode()
+        status = reply.status
         self._ack(worker, index)
         if status == "run":
             worker.running[record] = int(re.search(rb'"attempt":(\d+)', msg).group(1))  # type: ignore
@@ -254,7 +256,7 @@ class LivenessModel(RuleBasedStateMachine):
         record = sorted(worker.running)[i % len(worker.running)]
         reply = self._finish(worker, record, outcome)
         self._release(worker, record)
-        if reply[0] == b"ok":
+        if reply.status == "ok":
             self._settle([record])
 
     @rule(w=st.integers(0, 1), i=st.integers(0, 5))
@@ -269,7 +271,7 @@ class LivenessModel(RuleBasedStateMachine):
         now = self.now_ms() / 1000
         reply = lua_retry(record=record, lane=self.lane, now=now, next_attempt=attempt + 1, message=next_msg,
                           due=now + 0.1, queued_lease_ms=QUEUED_MS, metric_field="m|m", owner=worker.owner)
-        if reply[0] == b"cancelled":
+        if reply.status == "cancelled":
             self._finish(worker, record, "cancelled")
             self._settle([record])
         self._release(worker, record)
@@ -471,7 +473,7 @@ class LivenessModel(RuleBasedStateMachine):
 
     def _finish_all(self, worker: Worker) -> None:
         for record in sorted(worker.running):
-            if self._finish(worker, record, "done")[0] == b"ok":
+            if self._finish(worker, record, "done").status == "ok":
                 self._settle([record])
             self._release(worker, record)
 

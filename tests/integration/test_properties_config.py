@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from datetime import UTC, datetime, timedelta
 
 from hypothesis import event, example, given
 from hypothesis import strategies as st
@@ -61,6 +62,28 @@ def task_types(draw, name: str, lane: str, policy: str) -> dict:
 
 
 @st.composite
+def schedules(draw, name: str, task_type: dict) -> dict:
+    when = draw(st.sampled_from(["interval", "crontab", "clocked"]))
+    entry = {"name": name, "task_type": task_type["name"],
+             "payload": draw(st.dictionaries(st.text("abc", max_size=3), st.integers(0, 9), max_size=2))
+             if task_type["max_payload_bytes"] >= 64 else {},
+             "chat_id": "c1" if task_type["chat_scoped"] else draw(st.sampled_from(["", "c2"])),
+             "limit_key": draw(st.sampled_from(["", "k1"])), "priority": draw(st.none() | st.integers(0, 9)),
+             "missed": draw(st.sampled_from(["once", "skip"])), "enabled": draw(st.booleans())}
+    if when == "interval":
+        entry["interval"] = {"every": draw(st.integers(1, 10**6)),
+                             "period": draw(st.sampled_from(["seconds", "minutes", "hours", "days"]))}
+    elif when == "crontab":
+        entry["crontab"] = {"minute": str(draw(st.integers(0, 59))), "hour": draw(st.sampled_from(["*", "9", "8-17"])),
+                            "day_of_week": draw(st.sampled_from(["*", "1-5", "0"])), "day_of_month": "*",
+                            "month_of_year": "*", "timezone": draw(st.sampled_from(["UTC", "Europe/Berlin"]))}
+    else:
+        moment = datetime(2030, 1, 1, tzinfo=UTC) + timedelta(seconds=draw(st.integers(0, 10**8)))
+        entry["clocked"] = moment.isoformat()
+    return entry
+
+
+@st.composite
 def documents(draw) -> dict:
     """A valid document whose names are new (a fresh prefix per example)."""
     prefix = f"hp{next(_counter)}x{draw(st.integers(0, 10**6))}"
@@ -74,19 +97,27 @@ def documents(draw) -> dict:
             lane = draw(st.sampled_from(lns))["name"]
             policy = draw(st.sampled_from(pols))["name"]
             types.append(draw(task_types(f"{prefix}.t{i}", lane, policy)))
-    return {"retry_policies": pols, "lanes": lns, "task_types": types}
+    if not types:
+        return {"retry_policies": pols, "lanes": lns, "task_types": types}
+    from tasks.models import MIN_SCHEDULE_KEY_WINDOW_S
+
+    keeping = [t for t in types if t["idempotency_window"] >= MIN_SCHEDULE_KEY_WINDOW_S]  # a schedulable type
+    scheds = [draw(schedules(f"{prefix}-s{i}", draw(st.sampled_from(keeping))))
+              for i in range(draw(st.integers(0, 2)) if keeping else 0)]
+    return {"retry_policies": pols, "lanes": lns, "task_types": types, "schedules": scheds}
 
 
 BAD_VALUES = [None, "x", "", [1], {"a": 1}, 10**400, 10**30, -1, 2**63, float("nan"), float("inf"), -float("inf"),
               "\x00", "\ud800", True]
 BAD_NAMES = ["", "a\x00b", "\ud800", "x" * 200, "celery", "ingress", "unacked", "_kombu.binding.x", "celeryev.x",
              "a.pidbox", "a:b", "a b", 5, None, ["x"]]
-REQUIRED = {"task_types": ("lane", "retry_policy")}
+REQUIRED = {"task_types": ("lane", "retry_policy"), "schedules": ("task_type",)}
 FIELDS = {
     "retry_policies": ("max_retries", "initial_backoff", "multiplier", "max_backoff", "jitter"),
     "lanes": ("capacity", "accepting", "description"),
     "task_types": ("handler", "priority", "timeout", "attempt_timeout", "chat_scoped", "chat_queue_size",
                    "max_payload_bytes", "idempotency_window", "enabled", "options", "dedupe", "dedupe_window"),
+    "schedules": ("payload", "chat_id", "limit_key", "priority", "missed", "enabled"),
 }
 
 #: Mutations that always make a document invalid, and ones that may or may not (a wrong-typed value
@@ -99,7 +130,7 @@ ALWAYS_BAD = {"bad_name", "unknown_key", "missing_ref", "missing_required", "dup
 def mutated(draw) -> tuple[dict, str | None, str, str]:
     """(document, expected start of the error or None, the mutation's kind, a word the error must hold)."""
     doc = draw(documents())
-    sections = [s for s in ("retry_policies", "lanes", "task_types") if doc[s]]
+    sections = [s for s in ("retry_policies", "lanes", "task_types", "schedules") if doc.get(s)]
     if not sections or draw(st.integers(0, 4)) == 0:
         return doc, None, "none", ""
     section = draw(st.sampled_from(sections))
@@ -108,6 +139,8 @@ def mutated(draw) -> tuple[dict, str | None, str, str]:
     kinds = ["bad_value", "bad_name", "unknown_key", "duplicate", "bad_text", "not_object"]
     if section == "task_types":
         kinds += ["missing_ref", "missing_required", "bad_handler", "bad_dedupe"]
+    if section == "schedules":
+        kinds += ["missing_ref", "missing_required"]
     if section == "lanes":
         kinds += ["reserved_lane"]
     kind = draw(st.sampled_from(kinds))
@@ -135,14 +168,14 @@ def mutated(draw) -> tuple[dict, str | None, str, str]:
         doc[section].append(dict(entry))
         where = f"{section}[{len(doc[section]) - 1}] {entry['name']!r}: name: duplicate of {section}[{index}]"
     elif kind == "bad_text":
-        field = "description" if section == "lanes" else "options" if section == "task_types" else "name"
+        field = {"lanes": "description", "task_types": "options", "schedules": "payload"}.get(section, "name")
         bad = draw(st.sampled_from(["\x00", "\udfff"]))
-        entry[field] = {"k": [f"a{bad}"]} if field == "options" else f"x{bad}"
+        entry[field] = {"k": [f"a{bad}"]} if field in ("options", "payload") else f"x{bad}"
         where = f"{where} {entry['name']!r}: {field}"
     elif kind == "not_object":
         doc[section][index] = draw(st.sampled_from([[entry], "entry", 3, None, {"no_name": 1}]))
     elif kind == "missing_ref":
-        field = draw(st.sampled_from(["lane", "retry_policy"]))
+        field = draw(st.sampled_from(REQUIRED[section]))
         entry[field] = draw(st.sampled_from(["no-such-ref", "missing.one", "x" * 70, 5]))
         where = f"{where} {entry['name']!r}: {field}"
     elif kind == "missing_required":
@@ -213,7 +246,7 @@ def test_apply_config_is_all_or_nothing_and_names_the_bad_entry(case):
         assert mentions in str(exc), f"expected the error to mention {mentions!r}, got {exc}"
         return
     assert kind not in ALWAYS_BAD, f"{kind} mutation was accepted: {doc}"
-    assert counts == {section: len(doc[section]) for section in ("retry_policies", "lanes", "task_types")}
+    assert counts == {section: len(doc[section]) for section in doc}
     exported = export_config()
     ours = {section: [e for e in exported[section] if e["name"] in {d["name"] for d in doc[section]}]
             for section in doc}  # the export may hold other sections (limits other tests defined)

@@ -210,7 +210,7 @@ def test_a_copy_of_a_scheduled_task_never_runs_before_it_is_due(rc, plain):
     reply = lua_start(task_id=task_id, record=keys.task_record(task_id), chat="", attempt=1, owner="t:1:1",
                       now=time.time(), lease_ms=6000, max_deliveries=5, dead_owner="", metric_field="x|y",
                       queue_latency_bucket="", queue_latency_s=0.0, process="t:1", liveness_ms=60_000)
-    assert reply[0] == b"stale", reply
+    assert reply.status == "stale", reply
     assert record_of(rc, task_id)["st"] == "scheduled"
 
 

@@ -7,7 +7,7 @@ import redis
 
 from lanes import keys
 from lanes.lua import loader as scripts
-from lanes.lua.start import start
+from lanes.lua.start import Started, start
 from lanes.redis_client import get_redis
 from tests.support.helpers import unique
 
@@ -54,6 +54,7 @@ def test_the_wrapper_sends_what_the_positional_call_sends(rc):
     named = dict(task_id=task_id, record=k[0], chat="", attempt=1, owner="host:1:2", now=1.0, lease_ms=30000,
                  max_deliveries=5, dead_owner="", metric_field="lane|type", queue_latency_bucket="",
                  queue_latency_s=0.0, process="host:1", liveness_ms=5000)
-    assert start(**named) == scripts.call("start", [*k, keys.DEADLINES], a) == [b"gone"]
+    assert scripts.call("start", [*k, keys.DEADLINES], a) == [b"gone"]
+    assert start(**named) == Started("gone")
     rc.set(keys.tombstone(task_id), 'done|{"x": 1}')
-    assert start(**named) == [b"finished", b'done|{"x": 1}']
+    assert start(**named) == Started("finished", 'done|{"x": 1}')

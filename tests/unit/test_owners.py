@@ -45,3 +45,12 @@ def test_a_detail_shows_the_callers_own_names_and_no_other_callers_task():
     assert "tk9-abc" not in text and "another caller's task" in text
     own = room.shown("idempotency key 'tk3:k' was used by task tk3-abc with another payload", {"idempotency_key": "k"})
     assert own == "idempotency key 'k' was used by task tk3-abc with another payload"
+
+
+def test_a_lane_share_is_a_whole_number_of_tasks_at_least_one():
+    from tasks.owners import lane_quota
+
+    assert lane_quota(50, 10) == 5  # the 6th waiting task is refused
+    assert lane_quota(7, 30) == 2  # rounded down
+    assert lane_quota(3, 1) == 1 and lane_quota(0, 50) == 1 and lane_quota(10, 0) == 1  # never none
+    assert lane_quota(50, 100) == 0 and lane_quota(50, 150) == 0  # the whole lane: the capacity bounds it

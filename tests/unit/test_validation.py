@@ -81,15 +81,19 @@ def test_an_envelope_round_trips_every_field():
     from lanes.messages import Envelope
 
     env = Envelope(type="t", lane="l", priority=3, attempt=2, deadline=10.5, dispatched_at=1.25, chat="c",
-                   key="k", meta={"trace": "x"}, policy="one-shot", due=11.5)
+                   key="k", meta={"trace": "x"}, policy="one-shot", due=11.5,
+                   trace={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"})
     assert env.as_dict() == asdict(env)  # the hand-written form misses no field
     assert Envelope.from_dict(env.as_dict()) == env
     # No retry policy named: the message carries no policy field (a plain dispatch's message is as before).
     plain = Envelope(type="t", lane="l", priority=3, attempt=1, deadline=10.5, dispatched_at=1.25)
-    assert not {"policy", "due"} & set(plain.as_dict()) and Envelope.from_dict(plain.as_dict()) == plain
+    assert not {"policy", "due", "trace"} & set(plain.as_dict()) and Envelope.from_dict(plain.as_dict()) == plain
     assert (plain.ready_at, env.ready_at) == (1.25, 11.5)
     with pytest.raises(ValueError, match="'policy'"):
         Envelope.from_dict({**env.as_dict(), "policy": 3})
+    for bad in ("00-x", {"traceparent": 1}, {str(i): "" for i in range(9)}, {"tracestate": "x" * 513}):
+        with pytest.raises(ValueError, match="'trace'"):
+            Envelope.from_dict({**env.as_dict(), "trace": bad})
 
 
 # --- text no database can store (issue 12: a dead letter that cannot be written) -----------

@@ -35,7 +35,11 @@ class Command(BaseCommand):
         parser.add_argument("--concurrency", type=int, default=1, help="per instance, no-op workload")
         parser.add_argument("--io-pool", default="threads", help="Celery pool for the I/O workload")
         parser.add_argument("--io-concurrency", type=int, default=16, help="per instance, I/O workload")
-        parser.add_argument("--systems", default=",".join(benchmark.SYSTEMS))
+        parser.add_argument("--systems", default=",".join(benchmark.DEFAULT_SYSTEMS),
+                            help=f"of {','.join(benchmark.SYSTEMS)}")
+        parser.add_argument("--tracing", action="store_true",
+                            help="also run the platform's plain path with OpenTelemetry on (system platform-traced), "
+                                 "beside it with tracing off")
         parser.add_argument("--workloads", default=",".join(benchmark.DEFAULT_WORKLOADS),
                             help=f"of {','.join(benchmark.WORKLOADS)} (sms and latency only when named)")
         parser.add_argument("--latency-idle", type=int, help="latency workload: tasks sent one at a time (200)")
@@ -57,6 +61,9 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(benchmark.produce(json.loads(opts["spec"]))))
             return
         systems = [s for s in opts["systems"].split(",") if s]
+        if opts["tracing"]:
+            for traced, plain in benchmark.TRACED_SYSTEMS.items():
+                systems += [name for name in (plain, traced) if name not in systems]
         workloads = [w for w in opts["workloads"].split(",") if w]
         for name, given, known in (("system", systems, benchmark.SYSTEMS), ("workload", workloads,
                                                                                benchmark.WORKLOADS)):
