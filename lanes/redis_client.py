@@ -16,7 +16,12 @@ connection: after a failover, a call on a connection to the old master fails
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -24,6 +29,7 @@ from urllib.parse import unquote, urlsplit
 import redis
 from django.conf import settings
 from redis.backoff import NoBackoff
+from redis.connection import SENTINEL
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -88,6 +94,61 @@ def parse_sentinel_url(url: str, default_password: str | None = None) -> Sentine
     return SentinelTarget(tuple(sentinels), db or 0, username, password if password is not None else default_password)
 
 
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def deadline(seconds: float) -> Iterator[None]:
+    """Every Redis wait of this thread inside the block ends ``seconds`` from now at the latest.
+
+    The socket timeouts bound each wait alone: a dispatch that connects, authenticates,
+    reads ``INFO`` and then runs its script met up to five of them in a row while a
+    frozen Redis filled its listen backlog (the fault campaign saw one wait the whole
+    10 s freeze). Under a deadline each wait gets what is left of the call's own time.
+    """
+    outer = getattr(_local, "at", None)
+    at = time.monotonic() + seconds
+    _local.at = at if outer is None else min(at, outer)
+    try:
+        yield
+    finally:
+        _local.at = outer
+
+
+def time_left() -> float | None:
+    """Seconds left before this thread's ``deadline``, or None outside one."""
+    at = getattr(_local, "at", None)
+    return None if at is None else at - time.monotonic()
+
+
+class DeadlineConnection(redis.Connection):
+    """A connection whose connect and reads end by the calling thread's ``deadline``."""
+
+    def _connect(self) -> socket.socket:
+        left = time_left()
+        if left is None:
+            return super()._connect()
+        if left <= 0:
+            raise TimeoutError("the call's deadline passed")  # socket.timeout: redis-py says "Timeout connecting"
+        configured = self.socket_connect_timeout
+        self.socket_connect_timeout = left if configured is None else min(configured, left)
+        try:
+            return super()._connect()
+        finally:
+            self.socket_connect_timeout = configured
+
+    def read_response(self, disable_decoding: bool = False, *, timeout: Any = SENTINEL, **options: Any) -> Any:
+        left = time_left()
+        if left is not None:
+            if left <= 0:  # a reply is due: the connection is out of step once we stop waiting for it
+                self.disconnect()
+                raise redis.TimeoutError(f"Timeout reading from {self._host_error()}: the call's deadline passed")
+            wanted = self.socket_timeout if timeout is SENTINEL else timeout
+            if wanted is None or wanted > left:
+                timeout = left
+        return super().read_response(disable_decoding, timeout=timeout, **options)
+
+
 def _connection_options() -> dict[str, Any]:
     timeout = settings.DISPATCH_REDIS_TIMEOUT_S
     return {"max_connections": 256, "socket_timeout": timeout, "socket_connect_timeout": timeout,
@@ -117,7 +178,8 @@ def get_redis() -> redis.Redis:
                 if is_sentinel_url(settings.REDIS_URL):
                     _client = _sentinel_client()
                 else:
-                    _client = redis.Redis.from_url(settings.REDIS_URL, **_connection_options())
+                    _client = redis.Redis.from_url(settings.REDIS_URL, connection_class=DeadlineConnection,
+                                                   **_connection_options())
     return _client
 
 

@@ -270,32 +270,11 @@ class _Batch:
 
     def _store_rows(self, rows: list[tuple[Attempt, Any, str]]) -> None:
         """The extra items' result rows in one statement; then their finished records may be settled."""
-        kept = []
-        for item, value, state in rows:
-            if results.keeps_row(item.env.type, state):
-                kept.append((item, value, state))
-            elif (settle := item.request.dispatch_settle) and settle[1] == state:
-                item.book.settle(settle[0])  # its type keeps no row for this outcome: settled at once
-        rows = kept
-        if not rows:
-            return
-        backend = self.task.backend
-        try:
-            encoded = []
-            for item, value, state in rows:
-                if isinstance(value, Retry):
-                    value = portable_exception(value.exc) if value.exc is not None else RetryableError(str(value))
-                row, _ = backend.result_row(item.task_id, backend.encode_result(value, state), state,
-                                            None, item.request)
-                encoded.append(row)
-            results.upsert_rows(None, encoded)
-        except Exception:  # the records stay; their leases bring the rows back (start.lua)
-            logger.exception("batch_rows_not_stored items=%d", len(rows))
-            return
-        for item, _, state in rows:
-            settle = item.request.dispatch_settle
-            if settle and settle[1] == state:
-                item.book.settle(settle[0])
+        results.store_rows(self.task.backend, [
+            results.Outcome(item.task_id, item.env.type, item.request,
+                            (portable_exception(value.exc) if value.exc is not None else RetryableError(str(value)))
+                            if isinstance(value, Retry) else value, state)
+            for item, value, state in rows], self.leader.book)
 
 
 class _Expired(Exception):

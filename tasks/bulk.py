@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Iterable
 from typing import Any
@@ -30,6 +31,7 @@ from lanes import memory_guard
 from lanes.forksafe import ForkSafeLock
 from lanes.lua import admit
 from lanes.lua.loader import NotSent
+from lanes.redis_client import deadline
 from tasks import config, owners, tracing
 from tasks.admission import (
     DISPATCH_OPTIONS,
@@ -131,9 +133,11 @@ def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id:
     together, a chunk per task type in one round trip (``Joiner``): eight threads dispatching at once
     pay about one round trip for each turn, not eight. A call on an idle process goes at once.
     """
-    with tracing.dispatching(task_type, 1) as traced:  # in the caller's thread: a turn may run in another's
-        result = _JOINER.admit(Waiting(task_type, payload, traced.carry(options), task_id, replace_idempotency,
-                                       lane_share))
+    bound = settings.DISPATCH_REDIS_TIMEOUT_S
+    with tracing.dispatching(task_type, 1) as traced, deadline(bound):  # a turn may run in another's thread
+        waiting = Waiting(task_type, payload, traced.carry(options), task_id, replace_idempotency, lane_share)
+        waiting.until = time.monotonic() + bound
+        result = _JOINER.admit(waiting)
         traced.answered([result])
     return result
 
@@ -163,7 +167,7 @@ def _admit_now(entries: list[Waiting]) -> None:
 class Waiting:
     """One ``dispatch.delay`` call on its way through the ``Joiner``."""
 
-    __slots__ = ("options", "payload", "replace", "result", "share", "task_id", "task_type", "turn")
+    __slots__ = ("options", "payload", "replace", "result", "share", "task_id", "task_type", "turn", "until")
 
     def __init__(self, task_type: Any, payload: Any, options: dict[str, Any], task_id: str,
                  replace: bool, share: int = owners.WHOLE_LANE_PCT) -> None:
@@ -171,6 +175,7 @@ class Waiting:
         self.replace, self.share = replace, share
         self.result: DispatchResult | None = None
         self.turn: threading.Event | None = None  # set when its result is in, or when it leads the next turn
+        self.until = float("inf")  # monotonic time by which its caller has an answer, whoever's turn it is in
 
 
 #: Seconds a call waits for the one in Redis before it goes alone: far above a turn's time when Redis
@@ -184,7 +189,8 @@ class Joiner:
     One call at a time is in Redis: its caller *leads*. Calls made meanwhile wait in ``waiting``;
     when the leader's call returns, the first of them leads the next turn, which admits every call
     waiting by then at once. No call waits for more than the call in Redis and its own turn, nor
-    more than ``JOIN_WAIT_S`` for a slow one: then it goes alone.
+    more than ``JOIN_WAIT_S`` for a slow one: then it goes alone. A call taken into a turn that is
+    slow answers ``unavailable`` (outcome unknown) at its own deadline (``admit_one``'s).
     """
 
     def __init__(self) -> None:
@@ -208,7 +214,10 @@ class Joiner:
                 _admit_now([entry])
                 assert entry.result is not None
                 return entry.result
-            entry.turn.wait()
+            if not entry.turn.wait(max(0.0, entry.until - time.monotonic())) and entry.result is None:
+                # Its turn is in Redis under another call's deadline: answer on this call's own clock.
+                return unavailable(redis.TimeoutError("the call in Redis for it did not answer in time"),
+                                   entry.task_id)
             if entry.result is not None:
                 return entry.result
             turn, entry.turn = self._take_turn(entry), None

@@ -18,7 +18,7 @@ from django.db import DatabaseError
 from lanes import keys
 from lanes.forksafe import ForkSafeLock
 from lanes.lua.limits_def import publish_definitions
-from lanes.redis_client import get_redis
+from lanes.redis_client import get_redis, time_left
 from tasks.retry import Backoff
 
 
@@ -165,7 +165,7 @@ def _publish_limits(limits: dict[str, dict]) -> None:
 def current() -> Snapshot:
     snap = _snapshot
     if snap is None:
-        snap = reload()
+        snap = reload(missing_only=True)
     elif time.monotonic() >= _next_db_check:
         snap = _check_db(snap)
     return snap
@@ -189,15 +189,29 @@ def _check_db(snap: Snapshot) -> Snapshot:
         return _snapshot or snap
 
 
-def reload(version: str | None = None) -> Snapshot:
-    """Read the configuration again (the version first, so a racing save shows as stale)."""
+def reload(version: str | None = None, *, missing_only: bool = False) -> Snapshot:
+    """Read the configuration again (the version first, so a racing save shows as stale).
+
+    The read holds the lock while Redis answers; a call under a deadline
+    (``lanes.redis_client.deadline``) waits for the lock only until then. Otherwise,
+    with Redis frozen, the calls of a process with no snapshot yet (one started
+    during the freeze) queued on it and each read in turn: the last waited the
+    whole freeze. ``missing_only``: one that finds a snapshot loaded meanwhile uses it.
+    """
     global _snapshot, _next_db_check
-    with _lock:
+    left = time_left()
+    if not _lock.acquire(timeout=-1 if left is None else max(0.0, left)):
+        raise redis.TimeoutError("Timeout waiting for another call reading the configuration from Redis")
+    try:
+        if missing_only and _snapshot is not None:
+            return _snapshot
         if version is None or _snapshot is None or _snapshot.version != version:
             _next_db_check = time.monotonic() + DB_CHECK_INTERVAL_S
             stored = cast("bytes | None", get_redis().get(keys.CONFIG_VERSION))
             _snapshot = _load(stored.decode() if stored else "0")
         return _snapshot
+    finally:
+        _lock.release()
 
 
 def ensure(version: str) -> Snapshot:

@@ -239,10 +239,9 @@ class Attempt:
                 started = until_answered(functools.partial(
                     lua_start,
                     task_id=self.task_id, record=self.record, chat=env.chat, attempt=env.attempt, owner=owner,
-                    now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
-                    max_deliveries=settings.DISPATCH_MAX_DELIVERIES, dead_owner=dead_owner, metric_field=self.field,
+                    now=now, dead_owner=dead_owner, metric_field=self.field,
                     queue_latency_bucket=bucket_label(qlat) if env.attempt == 1 else "", queue_latency_s=qlat,
-                    process=leases.process_id(), liveness_ms=self.book.liveness_ms(),
+                    **claim_terms(self.book),
                 ), "claim", self.task_id)
             except ReplicaAcksMissing as exc:
                 # Claimed on a master whose replicas lag: a failover now could forget
@@ -380,6 +379,13 @@ class Attempt:
         qlat = (self.started_at or now) - env.ready_at
         xlat = now - self.started_at if self.started_at and extra.get("outcome") else None
         return lifecycle.TaskInfo(self.task_id, env.type, env.lane, env.chat, env.attempt, qlat, xlat, **extra)
+
+
+def claim_terms(book: leases.LeaseBook) -> dict[str, Any]:
+    """What every claim sends besides its tasks (``start.lua``'s one, a group's ``claim_group.lua``): the lease,
+    the delivery cap, and the claiming process with its liveness entry's lifetime until ``book``'s first beat."""
+    return {"lease_ms": int(settings.DISPATCH_LEASE_S * 1000), "max_deliveries": settings.DISPATCH_MAX_DELIVERIES,
+            "process": leases.process_id(), "liveness_ms": book.liveness_ms()}
 
 
 def _policy(tc: config.TypeConf, name: str) -> Backoff:

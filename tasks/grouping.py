@@ -5,18 +5,26 @@ request machinery in the worker's main process (a ``Request``, its strategy,
 the pool's bookkeeping), then a round trip to claim, one to finish, and a
 statement for the result row. Here, on a thread-pool worker, a platform
 message reaches :func:`strategy` (Celery's ``Task.Strategy`` extension point,
-named on ``HandlerTask``) and goes to the process's :class:`Runner`, which
+named on ``HandlerTask``) and goes to the process's :class:`Runner`, whose
+run threads share the work (no claimer or finisher thread: each hop between
+threads was a wake-up under a busy scheduler, four per task):
 
-- claims every message delivered since its last claim in one call
-  (``claim_group.lua``: each item exactly as ``start.lua`` claims one);
-- runs each handler on a thread of its own, so a slow task never holds back
+- a thread that finds work and no Redis call in progress makes one call
+  (``claim_group.lua``) that first finishes the successes gathered since the
+  last call (each exactly as ``finish.lua`` finishes one) and then claims
+  every message delivered since (each exactly as ``start.lua`` claims one);
+  it runs the first claimed item itself and leaves the rest to the threads
+  waiting;
+- each handler runs on a thread of its own, so a slow task never holds back
   the others claimed with it (a 20 ms and a 2 s handler finish at 20 ms and 2 s);
-- records the succeeded attempts finished since its last flush in one call
-  (``finish_batch.lua``) and their result rows in one statement, then acks
-  each message and sends its Celery events (folded: ``tasks.worker_events``)
-  and signals;
-- takes a failing attempt through the single path's steps
-  (``Attempt.outcome_of``: retry, dead letter, cancel), one by one.
+- a success waits for the next call: the same thread makes it on its next
+  turn unless another is already in one, which then takes it along (group
+  commit: one finish in an idle worker, many under load, folded into the
+  next claim when messages are waiting). The successes' result rows go in one
+  statement (``results.store_rows``), then each message is acked and its
+  Celery events (folded: ``tasks.worker_events``) and signals are sent;
+- a failing attempt takes the single path's steps (``Attempt.outcome_of``:
+  retry, dead letter, cancel), one by one.
 
 Grouping is an optimisation, never a change of meaning: each task keeps its
 own claim and lease, attempt count, deadline, chat order (only a chat's head
@@ -38,10 +46,10 @@ import functools
 import json
 import logging
 import os
-import queue
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -54,8 +62,8 @@ from django.conf import settings
 
 from lanes import leases
 from lanes.histogram import bucket_label
-from lanes.lua.claim_group import GroupItem, claim_group
-from lanes.lua.finish_batch import DoneItem, Latencies, finish_batch
+from lanes.lua.claim_group import FinishTerms, GroupItem, claim_group
+from lanes.lua.finish_batch import DoneItem, Latencies, count_batch, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
 from lanes.messages import Envelope
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
@@ -65,6 +73,7 @@ from tasks.execution import (
     Attempt,
     Finished,
     bounded_result,
+    claim_terms,
     portable_exception,
     tombstone_ttl_s,
     until_answered,
@@ -143,11 +152,8 @@ class Item:
             self.attempt.book.release(self.attempt.record)
 
 
-_STOP = object()
-
-
 class Runner:
-    """A worker process's group runner (see the module docstring): claimer, threads, finisher, watchdog."""
+    """A worker process's group runner (see the module docstring): run threads that claim and finish, a watchdog."""
 
     _by_consumer: dict[int, Runner] = {}
     _lock = threading.Lock()
@@ -171,10 +177,15 @@ class Runner:
         self.size = max(1, int(getattr(consumer.pool, "limit", None) or 1))
         self.stuck_max = settings.DISPATCH_STUCK_THREADS_MAX or self.size
         self.connection_errors = consumer.connection_errors
-        self._inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._runs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._mutex = threading.Lock()
+        # The run threads' shared work, under the mutex: messages not yet claimed, claimed ones waiting
+        # for a thread, and successes waiting for their finish. One thread at a time makes the Redis
+        # call that claims and finishes what has gathered (``_calling``); the others run handlers.
+        self._work = threading.Condition(self._mutex)
+        self._fresh: deque[Item] = deque()
+        self._ready: deque[Item] = deque()
+        self._pending: list[tuple[Item, Any, str]] = []
+        self._calling = False
         self._running: dict[int, Item] = {}
         self._in_flight = 0
         self._idle = threading.Condition(self._mutex)
@@ -185,8 +196,6 @@ class Runner:
         controller = getattr(consumer, "controller", None)
         if controller is not None:  # read by the worker's heartbeat (lanes.worker.HeartbeatStep)
             controller.dispatch_stuck_threads = lambda: self.stuck
-        self._start("dispatch-claim", self._claim_forever)
-        self._start("dispatch-finish", self._finish_forever)
         self._start("dispatch-watch", self._watch_forever)
         for _ in range(self.size):
             self._add_thread()
@@ -228,13 +237,14 @@ class Runner:
         return Item(attempt, message, ack, reject, headers.get("shadow") or task.name)
 
     def submit(self, item: Item) -> None:
-        with self._mutex:
-            self._in_flight += 1
         try:
             self._received(item)
         except Exception:
             logger.warning("received_event_not_sent task=%s", item.attempt.task_id, exc_info=True)
-        self._inbox.put(item)
+        with self._work:
+            self._in_flight += 1
+            self._fresh.append(item)
+            self._work.notify()
 
     def _received(self, item: Item) -> None:
         events = self.events
@@ -244,23 +254,44 @@ class Runner:
                              kwargs=request.kwargsrepr, root_id=request.id, parent_id=None,
                              retries=request.retries, eta=None, expires=None)
 
-    # -- claiming --------------------------------------------------------------
-    def _claim_forever(self) -> None:
-        while True:
-            group = _drain(self._inbox, GROUP_MAX)
-            try:
-                self._claim(group)
-            except Exception:
-                logger.exception("group_claim_failed items=%d", len(group))
-                for item in group:
-                    self._runs.put(item)
+    # -- claiming and finishing: whichever run thread finds no call in progress -------------------
+    def _step(self, fresh: list[Item], done: list[tuple[Item, Any, str]]) -> None:
+        """Finish what succeeded and claim what was delivered since the last call, in one call to Redis; this
+        thread runs the first claimed item itself (no hand-off in steady flow), the others go to the threads
+        waiting."""
+        mine: Item | None = None
+        try:
+            now = time.time()
+            if fresh and self.stopping:
+                for item in fresh:
+                    self._hand_back(item)
+                fresh = []
+            # The claims wait for the replicas' acks (DISPATCH_REPLICA_ACKS): there a finish goes in a call of
+            # its own, as ReplicaAcksMissing would lose its replies.
+            folded = done if settings.DISPATCH_REPLICA_ACKS <= 0 else []
+            finished: list[str] | None = None
+            if fresh:
+                claimed, finished = self._claim(fresh, folded, now)
+                if claimed:
+                    mine = claimed[0]
+                    if len(claimed) > 1:
+                        with self._work:
+                            self._ready.extend(claimed[1:])
+                            self._work.notify(len(claimed) - 1)
+            if done:
+                self._finish(done, finished, now)
+        finally:
+            with self._work:
+                self._calling = False
+                if self._fresh or self._pending:
+                    self._work.notify()
+        if mine is not None:
+            self._run(mine)
 
-    def _claim(self, group: list[Item]) -> None:
-        if self.stopping:
-            for item in group:
-                self._hand_back(item)
-            return
-        now = time.time()
+    def _claim(self, group: list[Item], done: list[tuple[Item, Any, str]],
+               now: float) -> tuple[list[Item], list[str] | None]:
+        """Claimed in one call, with ``done`` finished first in it. Returns the items to run (each claimed, or
+        unclaimed for the single path) and the finish's replies (None: not finished, the call failed)."""
         process = leases.process_id()
         members = []
         counts = []
@@ -275,16 +306,20 @@ class Runner:
             counts.append((attempt.field, bucket_label(qlat) if env.attempt == 1 else "", qlat))
         try:
             answer = until_answered(lambda: claim_group(
-                items=members, now=now, lease_ms=int(settings.DISPATCH_LEASE_S * 1000),
-                max_deliveries=settings.DISPATCH_MAX_DELIVERIES, process=process,
-                liveness_ms=group[0].attempt.book.liveness_ms(), counts=counts,
+                items=members, now=now, counts=counts, done=_done_items(done), finish=_finish_terms(),
+                **claim_terms(group[0].attempt.book),
             ), "claim_group", group[0].attempt.task_id)
         except ReplicaAcksMissing as exc:
             # As a single claim: not run; their leases bring them back once replicas keep up.
             logger.warning("group_claims_unconfirmed items=%d error=%s: not run", len(group), exc)
             for item in group:
                 self._end(item)
-            return
+            return [], None
+        except Exception:
+            logger.exception("group_claim_failed items=%d", len(group))
+            for item in group:
+                item.attempt.owner = ""
+            return group, None  # unclaimed: the single path claims (or answers) each
         group[0].attempt.book.keep_alive()
         for item, claim in zip(group, answer.claims, strict=True):
             if claim.status == "run":
@@ -293,7 +328,7 @@ class Runner:
                 item.hold()
             else:
                 item.attempt.owner = ""  # the single path claims (or answers) it again, with its own owner
-            self._runs.put(item)
+        return group, answer.finished if done else None
 
     # -- running ---------------------------------------------------------------
     def _add_thread(self) -> None:
@@ -303,23 +338,42 @@ class Runner:
 
     def _run_forever(self) -> None:
         while True:
-            item = self._runs.get()
-            if item is _STOP:
-                return
-            try:
-                if item.claimed:
-                    self._run_claimed(item)
-                else:
-                    self._run_single(item)
-            except Exception:
-                logger.exception("group_item_failed task=%s", item.attempt.task_id)
-                item.release()
-                self._end(item)
-            with self._mutex:
-                # A thread that came back from an abandoned attempt leaves when its replacement runs.
-                if self._threads > self.size + self.stuck:
-                    self._threads -= 1
-                    return
+            fresh: list[Item] = []
+            done: list[tuple[Item, Any, str]] = []
+            with self._work:
+                while True:
+                    # A thread that came back from an abandoned attempt leaves when its replacement runs.
+                    if self._threads > self.size + self.stuck:
+                        self._threads -= 1
+                        if self._ready or self._fresh or self._pending:
+                            self._work.notify()
+                        return
+                    if self._ready:
+                        item: Item | None = self._ready.popleft()
+                        break
+                    if not self._calling and (self._fresh or self._pending):
+                        self._calling = True
+                        item = None
+                        while self._fresh and len(fresh) < GROUP_MAX:
+                            fresh.append(self._fresh.popleft())
+                        done, self._pending[:GROUP_MAX] = self._pending[:GROUP_MAX], []
+                        break
+                    self._work.wait()
+            if item is None:
+                self._step(fresh, done)
+            else:
+                self._run(item)
+
+    def _run(self, item: Item) -> None:
+        try:
+            if item.claimed:
+                self._run_claimed(item)
+            else:
+                self._run_single(item)
+        except Exception:
+            logger.exception("group_item_failed task=%s", item.attempt.task_id)
+            item.release()
+            self._end(item)
 
     def _run_single(self, item: Item) -> None:
         """Anything but a plain 'run' claim (finished, busy, poison, stale, ...): the single path decides."""
@@ -385,7 +439,8 @@ class Runner:
             item.release()
             self._complete(item, exc)
             return
-        self._done.put((item, result, result_json))
+        with self._work:  # this thread finishes it on its next turn, unless another call takes it first
+            self._pending.append((item, result, result_json))
 
     # -- the watchdog ----------------------------------------------------------
     def _watch_forever(self) -> None:
@@ -461,79 +516,51 @@ class Runner:
                                              kwargs={"payload": attempt.payload}, traceback=None, einfo=None)
         self._end(item, state=state)
 
-    def _finish_forever(self) -> None:
-        while True:
-            done = _drain(self._done, GROUP_MAX)
-            try:
-                self._finish(done)
-            except Exception:
-                logger.exception("group_finish_failed items=%d", len(done))
-                for item, _, _ in done:
-                    item.release()
-                    self._end(item)
-
-    def _finish(self, done: list[tuple[Item, Any, str]]) -> None:
-        finished_at = time.time()
-        by_field: dict[str, list[tuple[Item, Any, str]]] = {}
-        for entry in done:
-            by_field.setdefault(entry[0].attempt.field, []).append(entry)
-        rows = []
-        for field, entries in by_field.items():
-            elapsed = [finished_at - item.attempt.started_at for item, _, _ in entries]
-            replies = until_answered(functools.partial(
-                finish_batch,
-                items=[DoneItem(item.attempt.task_id, item.attempt.record, item.attempt.env.chat,
-                                bounded_result(result_json), item.attempt.owner)
-                       for item, _, result_json in entries],
-                now=finished_at, tombstone_ttl_s=tombstone_ttl_s(),
-                queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
-                settle_lease_ms=int(settings.DISPATCH_LEASE_S * 1000), metric_field=field,
-                execution=Latencies.of(elapsed), busy_s=sum(elapsed), queue=Latencies({}, 0.0),
-            ), "finish_batch", entries[0][0].attempt.task_id)
-            for (item, result, _), reply in zip(entries, replies, strict=True):
+    def _finish(self, done: list[tuple[Item, Any, str]], replies: list[str] | None, finished_at: float) -> None:
+        """The successes' outcomes in Redis (``replies``: already recorded by the claim's call; else in a
+        ``finish_batch`` call here), then their rows in one statement, acks, events and signals."""
+        try:
+            if replies is None:
+                terms = _finish_terms()
+                replies = until_answered(functools.partial(
+                    finish_batch, items=_done_items(done), now=finished_at, tombstone_ttl_s=terms.tombstone_ttl_s,
+                    queued_lease_ms=terms.queued_lease_ms, settle_lease_ms=terms.settle_lease_ms, metric_field="",
+                    execution=Latencies({}, 0.0), busy_s=0.0, queue=Latencies({}, 0.0), counted=False,
+                ), "finish_batch", done[0][0].attempt.task_id)
+        except Exception:
+            logger.exception("group_finish_failed items=%d", len(done))
+            for item, _, _ in done:
                 item.release()
-                if reply == "taken":
-                    logger.warning("finish_skipped task=%s (taken by another worker)", item.attempt.task_id)
-                    self._end(item)
-                    continue
-                item.attempt.request.dispatch_settle = (item.attempt.record, states.SUCCESS)
-                item.attempt.emit_finished(finished_at)
-                rows.append((item, result, states.SUCCESS))
+                self._end(item)
+            return
+        by_field: dict[str, list[float]] = {}
+        ok_by_field: dict[str, int] = {}
+        rows = []
+        for (item, result, _), reply in zip(done, replies, strict=True):
+            item.release()
+            if reply == "taken":
+                logger.warning("finish_skipped task=%s (taken by another worker)", item.attempt.task_id)
+                self._end(item)
+                continue
+            field = item.attempt.field
+            by_field.setdefault(field, []).append(finished_at - item.attempt.started_at)
+            ok_by_field[field] = ok_by_field.get(field, 0) + (reply == "ok")
+            item.attempt.request.dispatch_settle = (item.attempt.record, states.SUCCESS)
+            item.attempt.emit_finished(finished_at)
+            rows.append((item, result, states.SUCCESS))
+        for field, elapsed in by_field.items():
+            count_batch(field, ok_by_field[field], Latencies.of(elapsed), sum(elapsed), Latencies({}, 0.0),
+                        finished_at)
         self._rows(rows)
         for item, result, _ in rows:
             self._end(item, value=result, state=states.SUCCESS)
 
     def _rows(self, rows: list[tuple[Item, Any, str]]) -> None:
         """Result rows in one statement; then their finished records may be settled."""
-        if not rows:
-            return
-        kept = []
-        for item, value, state in rows:
-            if results.keeps_row(item.name, state):
-                kept.append((item, value, state))
-            elif (settle := item.attempt.request.dispatch_settle) and settle[1] == state:
-                item.attempt.book.settle(settle[0])  # its type keeps no row for this outcome: settled at once
-        rows = kept
-        if not rows:
-            return
-        backend = rows[0][0].attempt.task.backend
-        try:
-            encoded = []
-            for item, value, state in rows:
-                request = item.attempt.request
-                row, _ = backend.result_row(request.id, backend.encode_result(value, state), state, None, request)
-                encoded.append(row)
-            results.upsert_rows(None, encoded, keep_ready=all(state not in states.READY_STATES
-                                                              for _, _, state in rows))
-        except Exception:
-            logger.exception("group_rows_not_stored items=%d", len(rows))
-            for item, _, _ in rows:
-                item.attempt.request.dispatch_settle = None
-            return
-        for item, _, state in rows:
-            settle = item.attempt.request.dispatch_settle
-            if settle and settle[1] == state:
-                item.attempt.book.settle(settle[0])
+        if rows:
+            results.store_rows(rows[0][0].attempt.task.backend, [
+                results.Outcome(item.attempt.task_id, item.name, item.attempt.request, value, state)
+                for item, value, state in rows], rows[0][0].attempt.book)
 
     def _end(self, item: Item, value: Any = None, state: str | None = None) -> None:
         """The message is done with: acked (its record tracks the task from here), events and signals sent."""
@@ -593,15 +620,14 @@ class Runner:
         threading.Thread(target=target, name=name, daemon=True).start()
 
 
-def _drain(q: queue.SimpleQueue[Any], most: int) -> list[Any]:
-    """The next entry (waiting for it), and every other already waiting, up to ``most``."""
-    out = [q.get()]
-    while len(out) < most:
-        try:
-            out.append(q.get_nowait())
-        except queue.Empty:
-            break
-    return out
+def _done_items(done: list[tuple[Item, Any, str]]) -> list[DoneItem]:
+    return [DoneItem(item.attempt.task_id, item.attempt.record, item.attempt.env.chat, bounded_result(result_json),
+                     item.attempt.owner) for item, _, result_json in done]
+
+
+def _finish_terms() -> FinishTerms:
+    return FinishTerms(tombstone_ttl_s(), int(settings.DISPATCH_QUEUED_LEASE_S * 1000),
+                       int(settings.DISPATCH_LEASE_S * 1000))
 
 
 def _short_repr(value: Any) -> str:

@@ -17,9 +17,10 @@ autocommit mode the one statement is its own transaction; inside a caller's
 from __future__ import annotations
 
 import json
+import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
 
 from celery import current_app, states
 from celery.exceptions import TaskRevokedError
@@ -30,7 +31,7 @@ from django.utils import timezone
 from django_celery_results.backends.database import DatabaseBackend
 from django_celery_results.models import TaskResult
 
-from lanes import keys
+from lanes import keys, leases
 from lanes.redis_client import get_redis
 from tasks.errors import DeadLettered
 
@@ -111,6 +112,54 @@ def keeps_row(type_name: str | None, state: str) -> bool:
         return True
     mode = tc.store_result if tc is not None else "always"
     return mode == "always" or (mode == "failures" and state in FAILURE_STATES)
+
+
+class Outcome(NamedTuple):
+    """One task's outcome to store as its row: ``request`` carries the row's task fields and, once the
+    outcome is in Redis, ``dispatch_settle`` (the finished record, and the state whose row settles it)."""
+
+    task_id: str
+    type_name: str
+    request: Any
+    value: Any
+    state: str
+
+
+def store_rows(backend: UpsertBackend, outcomes: Sequence[Outcome], book: leases.LeaseBook) -> bool:
+    """The rows of many outcomes in one statement (a group's, a batch's), then their finished records settled
+    by ``book``, the lease book of the process that holds them.
+
+    A type that keeps no row for an outcome (``store_result``) is settled at once. Returns False when the
+    statement failed: those records stay, and their leases bring the rows back (``start.lua`` answers
+    'finished' to the copy the sweep sends).
+    """
+    kept = []
+    for outcome in outcomes:
+        if keeps_row(outcome.type_name, outcome.state):
+            kept.append(outcome)
+        else:
+            _settle(outcome, book)
+    if not kept:
+        return True
+    try:
+        rows = [backend.result_row(o.task_id, backend.encode_result(o.value, o.state), o.state, None, o.request)[0]
+                for o in kept]
+        # A state that is not final (RETRY) never replaces a final one (a cancel's REVOKED).
+        upsert_rows(None, rows, keep_ready=all(o.state not in states.READY_STATES for o in kept))
+    except Exception:
+        logging.getLogger(__name__).exception("rows_not_stored items=%d", len(kept))
+        for outcome in kept:
+            outcome.request.dispatch_settle = None
+        return False
+    for outcome in kept:
+        _settle(outcome, book)
+    return True
+
+
+def _settle(outcome: Outcome, book: leases.LeaseBook) -> None:
+    settle = getattr(outcome.request, "dispatch_settle", None)
+    if settle and settle[1] == outcome.state:
+        book.settle(settle[0])
 
 
 def outcome_from_redis(task_id: str, timeout: float | None, propagate: bool, interval: float,

@@ -37,7 +37,7 @@ class Latencies(NamedTuple):
 
 def finish_batch(
     *, items: Sequence[DoneItem], now: float, tombstone_ttl_s: int, queued_lease_ms: int, settle_lease_ms: int,
-    metric_field: str, execution: Latencies, busy_s: float, queue: Latencies,
+    metric_field: str, execution: Latencies, busy_s: float, queue: Latencies, counted: bool = True,
 ) -> list[str]:
     """Run finish_batch.lua (KEYS/ARGV in its header); returns one reply per item, in order.
 
@@ -45,6 +45,7 @@ def finish_batch(
     ``queue`` (the queue latencies of the items gathered by claim_batch.lua)
     always; succeeded and completed per 'ok' item, and ``execution`` and the
     lane's handler seconds ``busy_s`` once any item took. No items: no call.
+    ``counted`` False: the caller counts (a group's items of several types, ``count_batch`` per type).
     """
     replies: list[str] = []
     if items:
@@ -57,7 +58,8 @@ def finish_batch(
         reply = call(NAME, [keys.LEASES, keys.chat_index(), keys.METRICS_TOTAL, keys.metrics_minute(int(now // 60)),
                             keys.DEADLINES], args)
         replies = [r.decode() if isinstance(r, bytes) else str(r) for r in reply]
-    count_batch(metric_field, replies.count("ok"), execution, busy_s, queue, now)
+    if counted:
+        count_batch(metric_field, replies.count("ok"), execution, busy_s, queue, now)
     return replies
 
 
