@@ -32,20 +32,22 @@ class PathCost:
 #: Measured on the development machine (2 cores shared with other jobs, load 6-9, Redis 6.2.5), 2026-12-01:
 #: CPU and commands by ``manage.py benchmark --rounds 1 --tasks 1000 --workloads noop --instances 1`` (rows
 #: platform, chat, limited, batch, batch-bulk), bytes by ``manage.py memory --tasks 20000`` with
-#: ``REDIS_CONFIG`` (below); docs/scaling.md.
+#: ``REDIS_CONFIG`` (below), 2026-12-02, the lane list naming the record and the record holding the
+#: message compact (``lanes.messages``); docs/scaling.md.
 #: A batched type's record and message are a plain type's (the batch is made at the claim).
 PATHS: dict[str, PathCost] = {
-    "plain": PathCost(redis_cpu_us=370.0, commands=26.5, bytes_waiting=2344.0),
-    "chat": PathCost(redis_cpu_us=420.0, commands=35.5, bytes_waiting=1446.0),
-    "limited": PathCost(redis_cpu_us=390.0, commands=47.6, bytes_waiting=1681.0),
-    "batched": PathCost(redis_cpu_us=110.0, commands=14.3, bytes_waiting=2344.0),
-    "bulk": PathCost(redis_cpu_us=60.0, commands=6.5, bytes_waiting=2344.0),
+    "plain": PathCost(redis_cpu_us=370.0, commands=26.5, bytes_waiting=842.0),
+    "chat": PathCost(redis_cpu_us=420.0, commands=35.5, bytes_waiting=762.0),
+    "limited": PathCost(redis_cpu_us=390.0, commands=47.6, bytes_waiting=850.0),
+    "batched": PathCost(redis_cpu_us=110.0, commands=14.3, bytes_waiting=842.0),
+    "bulk": PathCost(redis_cpu_us=60.0, commands=6.5, bytes_waiting=842.0),
 }
 #: Redis settings the platform's own Redis runs with (``make run``'s config file, the tests' Redis), and
-#: that docs/scaling.md asks of any other. A waiting task's record holds its message (about 1.1 KB), so
-#: with Redis's default (64 bytes) every record was a hash table: 2,127 bytes. Under 2,048 it stays one
-#: compact listpack (ziplist in Redis 6.2): 1,352 (1,048 with today's smaller message), the same fields
-#: and commands; a larger message makes that one record a hash table again, as before.
+#: that docs/scaling.md asks of any other. A waiting task's record holds its message (about 200 bytes
+#: stored compact; 1.1 KB when it was kombu's whole message), so with Redis's default (64 bytes) every
+#: record is a hash table. Under 2,048 it stays one compact listpack (ziplist in Redis 6.2): 424 bytes
+#: (1,048 with the whole message), the same fields and commands; a larger payload makes that one record
+#: a hash table again, as before.
 REDIS_CONFIG = {"hash-max-ziplist-value": "2048"}
 #: An empty platform's Redis (scripts, config, counters, a few lanes): bytes.
 BASELINE_BYTES = 2 * 1024 * 1024

@@ -1,17 +1,19 @@
-"""Builds Celery (protocol 2) messages in kombu's Redis envelope, ready for Lua to push.
+"""A task's message: stored compact in its record, written out as a Celery (protocol 2) message in
+kombu's Redis envelope when a worker pops it.
 
 Dispatch publishes from inside its admission script, so admission and publish
 are one atomic Redis call: there is no window in which a task is accepted but
-not in the broker. The envelope is what kombu's ``Channel._put`` would write;
-the delivery tag is left as a NUL byte for the script to fill in per publish
-(JSON escapes NUL in strings, so the raw byte cannot occur elsewhere).
+not in the broker. The lane list holds only the record's key and its publish
+count (``<record>#<publish>``); the record holds what cannot be rebuilt
+(:func:`build_message`), and :func:`kombu_message` writes, from it and the
+delivery tag the pop makes (``<task id>.<publish>``), what kombu's
+``Channel._put`` would have written (BENCHMARKS.md: a waiting task's bytes).
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import socket
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +22,18 @@ from django.conf import settings
 
 from lanes import jsontext, keys
 from lanes.priorities import to_kombu
-from lanes.transport import LEASED_HEADER, RECORD_HEADER
 
-_ORIGIN = f"dispatch@{socket.gethostname()}:{os.getpid()}"
+#: Header of a message whose task Redis already tracks with a lease (its record, written by the
+#: platform's scripts): ``lanes.transport`` holds it in memory, with no copy in Redis.
+LEASED_HEADER = "dispatch_leased"
+#: Header naming the task record of a leased message (``lanes.keys.task_record``).
+RECORD_HEADER = "dispatch_record"
+#: Between a record's key and its publish number in a lane list's item (``<record>#<publish>``, as
+#: ``_lib.lua``'s ``list_item`` writes it).
+LIST_ITEM_SEPARATOR = "#"
 #: The body's third part (Celery's callbacks, errbacks, chain, chord): none, so empty. Celery reads each
 #: with ``embed.get`` (and the headers and properties a message leaves out, at their defaults, with
-#: ``.get``): every byte of a message is kept twice while its task waits (BENCHMARKS.md).
+#: ``.get``).
 _EMBED: dict[str, Any] = {}
 #: Seconds between the soft time limit (handler told to stop) and the hard one (process killed),
 #: beyond the time an attempt may spend recording its outcome while Redis is away (see
@@ -131,9 +139,6 @@ def _check_trace(value: Any) -> None:
                          f"(of up to {TRACE_MAX_CHARS} characters each)")
 
 
-#: The message's delivery tag: a raw NUL for the admission script to fill in per publish (written as is:
-#: orjson writes a Fragment's bytes without looking at them).
-_DELIVERY_TAG = orjson.Fragment(b'"\0"')
 _EMBED_JSON = orjson.dumps(_EMBED).decode()
 
 
@@ -151,46 +156,88 @@ def _headers(handler: str, type_name: str) -> dict[str, Any]:
     """The headers a task type's messages share, the per-task ones None: copied and filled per message
     (building the dict anew was a third of a message's CPU)."""
     return {"lang": "py", "task": handler, "id": None, "shadow": type_name, "retries": None, "timelimit": None,
-            "root_id": None, "argsrepr": "()", "kwargsrepr": None, "origin": _ORIGIN, LEASED_HEADER: True,
-            RECORD_HEADER: None}
-
-
-@functools.lru_cache(maxsize=1024)
-def _properties(lane: str, kombu_priority: int) -> dict[str, Any]:
-    """kombu's properties of a lane's messages at one priority (no correlation id, reply-to or delivery
-    mode: nothing replies to a lane's message, and Redis has one delivery mode)."""
-    return {"delivery_info": {"exchange": "", "routing_key": keys.lane_queue(lane, 0)},
-            "priority": kombu_priority, "body_encoding": "utf-8", "delivery_tag": _DELIVERY_TAG}
+            "root_id": None, "argsrepr": "()", "kwargsrepr": None, LEASED_HEADER: True, RECORD_HEADER: None}
 
 
 def build_message(task_id: str, handler: str, payload_json: str, envelope: Envelope, soft_limit_s: float,
                   grace_s: float | None = None) -> str:
-    """The message as compact JSON (orjson) with a NUL byte where the delivery tag goes.
+    """The task's message as its record stores it: three lines of compact JSON, the only parts that
+    cannot be rebuilt (``["<handler>",<hard limit>,<soft limit>]``, the payload, the envelope).
 
-    ``shadow`` carries the task type: the worker's log, its task events and so
-    Flower name the task ``chat.send`` rather than its handler ``http.post``
-    and the result row's ``task_name`` (tasks.results) too.
-    ``grace_s``: ``hard_limit_grace_s()``, when the caller has it (a bulk
-    dispatch reads the settings once a chunk, not once an item).
-
-    The body is Celery's ``[args, kwargs, embed]``, the payload's text (already
-    JSON, from validation) placed in it as it is. Text is written as UTF-8, not
-    escaped: ``pop_more.lua`` finds the record's key in the raw message
-    (``"dispatch_record":"<key>"``) and ``claim_batch.lua`` decodes it with cjson.
+    A waiting task's bytes are mostly its message, so Redis keeps only these (about a quarter of
+    kombu's envelope); :func:`kombu_message` writes the rest when a worker pops it. JSON text has
+    no raw newline, so the lines split without parsing. ``task_id`` is the record's (its key ends
+    with it) and is not stored again. ``grace_s``: ``hard_limit_grace_s()``, when the caller has
+    it (a bulk dispatch reads the settings once a chunk, not once an item).
     """
-    headers = _headers(handler, envelope.type).copy()
+    hard = soft_limit_s + (hard_limit_grace_s() if grace_s is None else grace_s)
+    return f"{_json([handler, hard, soft_limit_s])}\n{payload_json}\n{_json(envelope.as_dict())}"
+
+
+def stored_parts(stored: bytes | str) -> tuple[str, float, float, str, str]:
+    """(handler, hard limit, soft limit, payload JSON, envelope JSON) of a stored message; ValueError
+    when it is not one."""
+    text = stored.decode("utf-8") if isinstance(stored, bytes) else stored
+    parts = text.split("\n", 2)
+    if len(parts) != 3:
+        raise ValueError("not a stored message (three lines of JSON)")
+    head = orjson.loads(parts[0])
+    if not (isinstance(head, list) and len(head) == 3 and isinstance(head[0], str)):
+        raise ValueError("a stored message's first line must be [handler, hard limit, soft limit]")
+    return head[0], head[1], head[2], parts[1], parts[2]
+
+
+def kombu_message(stored: bytes | str, task_id: str, record: str, delivery_tag: str) -> dict[str, Any]:
+    """The Celery (protocol 2) message in kombu's Redis envelope, as kombu's ``Channel._put`` would
+    have written it, from a record's stored message: what a worker delivers, Flower and ``celery
+    inspect`` show, and Celery's ``Request`` reads (its empty or default headers, ``eta``,
+    ``expires``, ``group``, ``parent_id``, ``ignore_result``, ... and the properties' reply-to, left
+    out: it reads each with ``.get`` and its default).
+
+    ``shadow`` carries the task type: the worker's log, its task events and so Flower name the task
+    ``chat.send`` rather than its handler ``http.post``. A record written before messages were stored
+    compact holds the whole message with a NUL where the tag goes: it is read as it is.
+    """
+    if (isinstance(stored, bytes) and stored[:1] == b"{") or (isinstance(stored, str) and stored[:1] == "{"):
+        raw = stored.encode() if isinstance(stored, str) else stored
+        return orjson.loads(raw.replace(b"\0", delivery_tag.encode()))
+    handler, hard, soft, payload_json, envelope_json = stored_parts(stored)
+    env = _loads(envelope_json)
+    headers = _headers(handler, env["type"]).copy()
     headers["id"] = headers["root_id"] = task_id
-    headers["retries"] = envelope.attempt - 1
-    headers["timelimit"] = [soft_limit_s + (hard_limit_grace_s() if grace_s is None else grace_s), soft_limit_s]
-    headers["kwargsrepr"] = _short_repr(payload_json, envelope)
-    headers[RECORD_HEADER] = keys.task_record(task_id, envelope.chat or None)
-    properties = _properties(envelope.lane, to_kombu(envelope.priority))
-    body = f'[[],{{"payload":{payload_json},"dispatch":{_json(envelope.as_dict())}}},{_EMBED_JSON}]'
-    return orjson.dumps({"body": body, "content-encoding": "utf-8", "content-type": "application/json",
-                         "headers": headers, "properties": properties}).decode()
+    headers["retries"] = env["attempt"] - 1
+    headers["timelimit"] = [hard, soft]
+    headers["kwargsrepr"] = _short_repr(payload_json, env["attempt"], env.get("chat") or "")
+    headers[RECORD_HEADER] = record
+    return {"body": f'[[],{{"payload":{payload_json},"dispatch":{envelope_json}}},{_EMBED_JSON}]',
+            "content-encoding": "utf-8", "content-type": "application/json", "headers": headers,
+            "properties": {"delivery_info": {"exchange": "", "routing_key": keys.lane_queue(env["lane"], 0)},
+                           "priority": to_kombu(env["priority"]), "body_encoding": "utf-8",
+                           "delivery_tag": delivery_tag}}
 
 
-def _short_repr(payload_json: str, envelope: Envelope) -> str:
+def _loads(text: str) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # an int past 64 bits in ``meta``: json reads what it wrote
+        return json.loads(text)
+
+
+def listed_message(client: Any, item: bytes) -> dict[str, Any] | None:
+    """The kombu message a lane list's item stands for (a record's reference ``<record>#<publish>``,
+    or a whole message pushed back as it is), read as ``pop_more.lua`` does; None when its record is
+    gone. For tools and tests that look into a lane without popping."""
+    if item[:1] == b"{":
+        return orjson.loads(item)
+    record, _, pub = item.decode().rpartition(LIST_ITEM_SEPARATOR)
+    stored = client.hget(record, "msg")
+    if stored is None:
+        return None
+    task_id = record.rsplit(":", 1)[1]
+    return kombu_message(stored, task_id, record, f"{task_id}.{pub}")
+
+
+def _short_repr(payload_json: str, attempt: int, chat: str) -> str:
     shown = payload_json if len(payload_json) <= 200 else payload_json[:197] + "..."
-    chat = f", chat={envelope.chat!r}" if envelope.chat else ""
-    return f"{{payload: {shown}, attempt={envelope.attempt}{chat}}}"
+    shown_chat = f", chat={chat!r}" if chat else ""
+    return f"{{payload: {shown}, attempt={attempt}{shown_chat}}}"

@@ -21,6 +21,11 @@ free (the entry is removed at the next liveness beat), and a message handed
 back (rejected, or held at shutdown) is pushed back from memory, ringing its
 lane's doorbell. Any other message (Celery's own tasks) keeps kombu's handling.
 
+A lane list does not hold a platform task's message either: its item names the
+record (``<record>#<publish>``), ``POP_MORE`` reads the record's compact stored
+message in the same call, and the kombu message is written out here
+(``lanes.messages.kombu_message``), as ``Channel._put`` would have written it.
+
 Stock kombu decodes each popped message inside the consumer's event loop; bytes
 that are not JSON (pushed onto a lane by mistake or malice) raise there and the
 worker exits with "Unrecoverable error", and JSON without the fields kombu needs
@@ -71,17 +76,13 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
 from lanes import keys, leases
-from lanes.lua.pop_more import pop_more
+from lanes.lua.pop_more import Popped, pop_more
 from lanes.lua.ring import ring
+from lanes.messages import LEASED_HEADER, RECORD_HEADER, kombu_message
 from lanes.signals import message_unreadable
 
 logger = logging.getLogger(__name__)
 
-#: Header of a message whose task Redis already tracks with a lease (its record,
-#: written by the platform's scripts); set by ``lanes.messages``.
-LEASED_HEADER = "dispatch_leased"
-#: Header naming the task record of a leased message (``lanes.keys.task_record``).
-RECORD_HEADER = "dispatch_record"
 
 
 #: Most messages one ``POP_MORE`` call takes (the prefetch window bounds it first).
@@ -294,8 +295,9 @@ class Channel(kombu_redis.Channel):
             self._maybe_update_queues_expire(client, queue)
         if not popped:
             raise kombu_redis.Empty()
-        [(item, self._popped_in_hand)] = popped  # room for one
-        return loads(bytes_to_str(item))
+        [popped_item] = popped  # room for one
+        self._popped_in_hand = popped_item.record
+        return _message_of(popped_item)
 
     def basic_get(self, queue, no_ack=False, **kwargs):
         try:
@@ -333,8 +335,8 @@ class Channel(kombu_redis.Channel):
         with self.conn_or_acquire() as client:
             popped = pop_more(client, lane, lists, max(1, self._room()), bits, book=self.lease_book)
         try:
-            for item, record in popped:
-                self._popped_in_hand = record
+            for item in popped:
+                self._popped_in_hand = item.record
                 self._deliver_popped(item, lane)
         finally:
             self._popped_in_hand = ""
@@ -374,14 +376,24 @@ class Channel(kombu_redis.Channel):
         except Exception:  # as kombu's own restore: the poll finds the message within a second
             logger.error("doorbell_not_rung lane_of=%r", routing_key, exc_info=True)
 
-    def _deliver_popped(self, item, queue: str) -> None:
+    def _deliver_popped(self, item: bytes | Popped, queue: str) -> None:
         try:
-            self.connection._deliver(loads(bytes_to_str(item)), queue)
+            self.connection._deliver(_message_of(item), queue)
         except self.connection_errors:
             raise
         except Exception as exc:  # noqa: BLE001 - any undecodable message must not end the worker
             logger.error("undecodable_message_dropped error=%r", exc)
             _report_unreadable(exc)
+
+
+def _message_of(item: bytes | Popped) -> dict:
+    """The kombu message of a popped item: a record's stored message written out (``lanes.messages``),
+    or a whole message decoded."""
+    if isinstance(item, Popped):
+        if item.tag:
+            return kombu_message(item.message, item.tag.rpartition(".")[0], item.record, item.tag)
+        item = item.message
+    return loads(bytes_to_str(item))
 
 
 def _token_bits(token: str | None) -> int | None:

@@ -34,6 +34,7 @@ from lanes.lua.limits_due import drain_due
 from lanes.lua.promote import promote
 from lanes.lua.reclaim import reclaim
 from lanes.lua.sweep import sweep as lua_sweep
+from lanes.messages import stored_parts
 from lanes.models import LaneEvent
 from lanes.redis_client import get_redis
 from tasks import config, dead_letters
@@ -207,15 +208,18 @@ def expire_due(batch: int = BATCH) -> int:
     return len(written)
 
 
-def parse_stored_message(msg: bytes) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    """(task id, payload, envelope dict) of a message stored in a task record (lanes.messages)."""
-    outer = json.loads(msg.replace(b"\0", b"").decode("utf-8"))
-    _args, kwargs, _embed = json.loads(outer["body"])
-    return outer["headers"]["id"], kwargs.get("payload"), kwargs.get("dispatch") or {}
+def parse_stored_message(msg: bytes, record: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """(task id, payload, envelope dict) of the message stored in ``record`` (lanes.messages)."""
+    if msg[:1] == b"{":  # written before messages were stored compact
+        outer = json.loads(msg.replace(b"\0", b"").decode("utf-8"))
+        _args, kwargs, _embed = json.loads(outer["body"])
+        return outer["headers"]["id"], kwargs.get("payload"), kwargs.get("dispatch") or {}
+    _handler, _hard, _soft, payload_json, envelope_json = stored_parts(msg)
+    return record.rsplit(":", 1)[-1], json.loads(payload_json), json.loads(envelope_json)
 
 
 def _write_expired_rows(record: str, msg: bytes, error: DeadLettered) -> None:
-    task_id, payload, env = parse_stored_message(msg)
+    task_id, payload, env = parse_stored_message(msg, record)
     dead_letters.record(
         task_id=task_id, task_type=str(env.get("type", "")), lane=str(env.get("lane", "")), reason="expired",
         payload=payload if isinstance(payload, dict) else None, chat_id=str(env.get("chat") or ""),

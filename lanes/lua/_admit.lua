@@ -231,8 +231,7 @@ if it.limits ~= '' then
     gate_publish(record, it.limits, c.lane, it.kombu_priority)
   end
 elseif direct then
-  local mark = string.find(msg, '\0', 1, true)
-  local tagged = string.sub(msg, 1, mark - 1) .. task_id .. '.1' .. string.sub(msg, mark + 1)
+  local tagged = list_item(record, 1)
   if pend then
     local list = pend.lists[queue_key]
     if not list then

@@ -34,9 +34,7 @@ local function cancel_record(p, record, task_id)
     lim_lane_waiting(lane, -1)
   elseif st == 'queued' and f[6] and f[6] ~= '0' then
     -- Its copy in the lane list (kombu pops from the tail: search from there).
-    local msg = f[7]
-    local mark = string.find(msg, '\0', 1, true)
-    redis.call('LREM', f[5], -1, string.sub(msg, 1, mark - 1) .. task_id .. '.' .. f[6] .. string.sub(msg, mark + 1))
+    redis.call('LREM', f[5], -1, list_item(record, f[6]))
   end
   -- Scheduled or parked for a retry: it leaves the lane's delayed set (whatever its state says).
   redis.call('ZREM', p.delayed_prefix .. lane, record)

@@ -1,7 +1,7 @@
 -- _lib.lua: helpers prepended to every script by lanes.lua.loader (not run alone).
 --
--- A task record is a hash: msg (the broker message, a NUL byte where the
--- delivery tag goes), q (the lane list it is published to), lane, type,
+-- A task record is a hash: msg (the task's message, stored compact: lanes/messages.py's
+-- build_message; the lane list holds ``list_item(record, pub)``), q (the lane list it is published to), lane, type,
 -- st (queued|scheduled|running|retry|limited|done|dead), att (attempt), dlv (deliveries of this
 -- attempt), own (worker running it), chat (chat id or ''), pub (publish count),
 -- lim (limit instance bases, newline-separated; absent when the type has no
@@ -42,19 +42,30 @@ local function ring(bell, bits)
   if merged ~= had then redis.call('LSET', bell, 0, merged) end
 end
 
--- Publish a record's message to its lane list with a fresh delivery tag, and
--- give it a lease after which the recovery sweep republishes it. ``state`` is
+-- A lane list's item for a record's publish number ``pub``: the record named, not its
+-- message (pop_more.lua reads the message from the record; the number tells a copy
+-- from an older one, and makes the delivery tag ``<task id>.<pub>``).
+local function list_item(record, pub)
+  return record .. '#' .. pub
+end
+
+-- The record and publish number a lane list's item names (nil for a whole message:
+-- one pushed by kombu or handed back by a worker, which starts with '{').
+local function list_item_parts(item)
+  if string.byte(item, 1) == 123 then return nil end
+  return string.match(item, '^(.*)#(%d+)$')
+end
+
+-- Publish a record to its lane list (a fresh publish number), and give it a
+-- lease after which the recovery sweep publishes it again. ``state`` is
 -- the record's state from now on (default 'queued'; a finished record whose
 -- result row may be missing keeps 'done'/'dead', so its copy only re-stores it).
 local function publish_record(record, leases_key, lease_until, state)
-  local f = redis.call('HMGET', record, 'msg', 'q')
-  if not f[1] then return false end
-  local msg = f[1]
-  local mark = string.find(msg, '\0', 1, true)
+  local queue = redis.call('HGET', record, 'q')
+  if not queue then return false end
   local pub = redis.call('HINCRBY', record, 'pub', 1)
-  local task_id = string.match(record, '([^:]+)$')
-  redis.call('LPUSH', f[2], string.sub(msg, 1, mark - 1) .. task_id .. '.' .. pub .. string.sub(msg, mark + 1))
-  ring(bell_of(f[2]), bell_bit(f[2]))
+  redis.call('LPUSH', queue, list_item(record, pub))
+  ring(bell_of(queue), bell_bit(queue))
   redis.call('HSET', record, 'st', state or 'queued', 'own', '')
   redis.call('ZADD', leases_key, lease_until, record)
   return true

@@ -25,7 +25,7 @@
 --   settle_lease_ms (a debounce's replaced task is cancelled as cancel.lua does),
 --   caller_quota (the most tasks one token may hold waiting in the lane, its share of
 --   the capacity: past it an item of that token is refused 'caller_quota'; '0': no share);
---   then ITEM_ARGS an item: task_id, message (a NUL marks the delivery tag's place),
+--   then ITEM_ARGS an item: task_id, message (stored compact: lanes/messages.py),
 --   kombu_priority 0..9, chat ('' none), digest (of the payload; '' without an
 --   idempotency key), deadline_ms, limits (its limit instance bases, newline-separated;
 --   '' when its type names none: then nothing touches a limit key), due_ms ('0': now;

@@ -69,7 +69,7 @@ end
 local function stalled(record, st, lease, ttype)
   local f = redis.call('HMGET', record, 'own', 'dlv', 'pub', 'aud', 'msg', 'q')
   local seen, cause
-  if st == 'queued' and lease == 'inf' and f[5] and f[6] and string.find(f[5], '\0', 1, true) then
+  if st == 'queued' and lease == 'inf' and f[5] and f[6] then
     seen = 'q|' .. (f[3] or '')
   elseif st == 'running' and f[1] and f[1] ~= '' then
     seen = 'r|' .. f[1] .. '|' .. (f[2] or '')
@@ -84,9 +84,7 @@ local function stalled(record, st, lease, ttype)
   if now - tonumber(note_at) < (tonumber(held_for[ttype]) or held_default) then return nil end
   if st == 'queued' then
     -- Its copy, as publish_record wrote it, from the consuming end of its list.
-    local mark = string.find(f[5], '\0', 1, true)
-    local task_id = string.match(record, '([^:]+)$')
-    local copy = string.sub(f[5], 1, mark - 1) .. task_id .. '.' .. f[3] .. string.sub(f[5], mark + 1)
+    local copy = list_item(record, f[3])
     -- Not there: a worker took it, and a live one's in-hand set may still name it, but
     -- none holds it any more this long after its lease (a popped message waits in a
     -- worker's memory at most for one attempt to free its slot). A copy that does

@@ -11,11 +11,12 @@
 --   registers with it; 0 once it has beaten), 11 chat key prefix
 --   ('dispatch:chat:'), 12 lane key prefix (each claimed task leaves its lane's
 --   waiting count with the deadlines set, _lib.lua)
--- Returns {messages claimed (each as the broker held it), ...}. Their counts
--- (started) are the wrapper's, kept in process (lanes.counters).
+-- Returns {stored message, record, delivery tag, ...} per task claimed (the lane lists
+-- name records: _lib.lua's list_item). Their counts (started) are the wrapper's, kept
+-- in process (lanes.counters), which writes each out as the message a pop delivers.
 --
 -- A message is taken only when the single path's claim (start.lua) would run it
--- at once: its record is 'queued' at the message's attempt, it is its chat's
+-- at once: its record is 'queued' at the copy's publish, it is its chat's
 -- head, and it has deliveries left. Anything else (a stale copy, a finished
 -- task to re-store, a poison, a busy claim) stays in its list for the single
 -- path, which knows what to do with it. Each taken message leaves the list and
@@ -45,7 +46,7 @@ local claimed, leased, by_lane = {}, {}, {}
 local looked = 0
 
 for _, list in ipairs(lists) do
-  if #taken >= want or looked >= budget then break end
+  if #claimed >= want or looked >= budget then break end
   -- kombu pops from the right (oldest first): look at the oldest messages first.
   local window = budget - looked
   local msgs = redis.call('LRANGE', list, -window, -1)
@@ -53,28 +54,32 @@ for _, list in ipairs(lists) do
   -- one taken after a message left in place leaves by its own LREM, after the LTRIM.
   local trim, removals, unbroken = 0, {}, true
   for j = #msgs, 1, -1 do
-    if #taken >= want then break end
+    if #claimed >= want then break end
     looked = looked + 1
     local raw = msgs[j]
     local took = false
-    local ok, m = pcall(cjson.decode, raw)
-    local h = ok and type(m) == 'table' and m['headers'] or nil
-    if type(h) == 'table' and h['task'] == handler and h['shadow'] == task_type and h['dispatch_leased'] == true
-        and type(h['dispatch_record']) == 'string' and type(h['id']) == 'string' then
-      local record = h['dispatch_record']
-      local f = redis.call('HMGET', record, 'st', 'att', 'chat', 'dlv', 'lane')
-      local attempt = (tonumber(h['retries']) or -1) + 1
+    -- A record's reference (_lib.lua's list_item); a whole message (pushed back by a worker) is
+    -- left for the single path.
+    local record, pub = list_item_parts(raw)
+    local f = record and redis.call('HMGET', record, 'st', 'pub', 'chat', 'dlv', 'lane', 'type', 'msg') or {}
+    local head = f[7] and string.match(f[7], '^([^\n]*)\n')
+    local ok, h = false, nil
+    if head and f[6] == task_type then ok, h = pcall(cjson.decode, head) end
+    if ok and type(h) == 'table' and h[1] == handler then
+      local task_id = string.match(record, '([^:]+)$')
       local dlv = tonumber(f[4] or '0')
-      local ready = f[1] == 'queued' and tonumber(f[2]) == attempt and dlv < max_dlv
+      local ready = f[1] == 'queued' and f[2] == pub and dlv < max_dlv
       if ready and f[3] and f[3] ~= '' then
-        ready = redis.call('LINDEX', chat_prefix .. '{' .. f[3] .. '}' .. CHAT_QUEUE_SUFFIX, 0) == h['id']
+        ready = redis.call('LINDEX', chat_prefix .. '{' .. f[3] .. '}' .. CHAT_QUEUE_SUFFIX, 0) == task_id
       end
       if ready then
         took = true
         if unbroken then trim = trim + 1 else removals[#removals + 1] = raw end
         -- The delivery count travels in the claim's HSET (as start.lua's).
         redis.call('HSET', record, 'st', 'running', 'own', owner, 'dlv', dlv + 1)
-        taken[#taken + 1] = raw
+        taken[#taken + 1] = f[7]
+        taken[#taken + 1] = record
+        taken[#taken + 1] = task_id .. '.' .. pub
         claimed[#claimed + 1] = record
         leased[#leased + 1] = lease_until
         leased[#leased + 1] = record

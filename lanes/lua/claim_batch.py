@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import orjson
 from django.conf import settings
 
 from lanes import counters, keys
 from lanes.lua.loader import call
+from lanes.messages import kombu_message
 
 NAME = "claim_batch"
 #: Most messages one call looks at per task it may claim (a lane shared with other
@@ -17,7 +19,7 @@ LOOK_MARGIN = 32
 
 
 class BatchClaimed(NamedTuple):
-    """claim_batch.lua's answer: the messages it took and claimed, as the broker held them (JSON)."""
+    """claim_batch.lua's answer: the messages it took and claimed, as a pop delivers them (JSON)."""
 
     messages: list[bytes]
 
@@ -36,7 +38,7 @@ def claim_batch(
     """
     if most <= 0:
         return BatchClaimed([])
-    taken: list[bytes] = call(
+    reply: list[bytes] = call(
         NAME,
         [keys.LEASES, keys.DEADLINES, keys.PROCS, keys.process_held(process), *keys.lane_queues(lane)],
         [handler, task_type, owner, int(now * 1000), lease_ms, max_deliveries, most,
@@ -44,6 +46,10 @@ def claim_batch(
         replicas=settings.DISPATCH_REPLICA_ACKS, replicas_timeout_ms=settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS,
         wait_if=bool,
     )
+    # The script answers stored message, record, delivery tag a task: written out as a pop delivers them.
+    taken = [orjson.dumps(kombu_message(reply[i], reply[i + 2].decode().rpartition(".")[0], reply[i + 1].decode(),
+                                        reply[i + 2].decode()))
+             for i in range(0, len(reply), 3)]
     if taken:
         counters.add(f"started|{metric_field}", now, len(taken))
     return BatchClaimed(taken)

@@ -45,10 +45,8 @@ local out = {}
 local retry_at = now + retry_rows_ms
 lim_setup(limit_prefix, lane_prefix, metrics_total, metrics_minute, now, leases, now + queued_lease_ms)
 
-local function remove_copy(record, queue, msg, pub)
-  local task_id = string.match(record, '([^:]+)$')
-  local mark = string.find(msg, '\0', 1, true)
-  local copy = string.sub(msg, 1, mark - 1) .. task_id .. '.' .. pub .. string.sub(msg, mark + 1)
+local function remove_copy(record, queue, pub)
+  local copy = list_item(record, pub)
   if redis.call('LPOS', queue, copy, 'RANK', -1, 'MAXLEN', window) then
     redis.call('LREM', queue, -1, copy)
   end
@@ -68,7 +66,7 @@ for _, record in ipairs(due) do
       if f[9] and redis.call('ZREM', f[9] .. LIMIT_WAITING_SUFFIX, record) == 1 then lim_count(f[9], -1) end
       lim_lane_waiting(lane, -1)
     elseif f[6] and f[6] ~= '0' then
-      remove_copy(record, f[5], f[7], f[6])
+      remove_copy(record, f[5], f[6])
     end
     if st == 'queued' and f[8] then lim_release(record, f[8]) end
     if chat and chat ~= '' then

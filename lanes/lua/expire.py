@@ -15,7 +15,7 @@ class Expired(NamedTuple):
     writes its rows, then settles ``record`` (``forget.forget_expired_pending``)."""
 
     record: str
-    #: The broker message its record kept (``lanes.messages``: a NUL where the delivery tag goes).
+    #: The message its record kept (``lanes.messages``' stored form; a whole message with a NUL for the tag if older).
     message: bytes
 
 

@@ -1,33 +1,48 @@
 -- pop_more.lua: a worker's only pop of lane messages (lanes/transport.py): up to
--- ARGV[1] messages from the lane lists KEYS[4..] (kombu priority 0 first, from
--- their right end as BRPOP pops), the record of each leased one named in the
--- popping process's in-hand set KEYS[1] in the same call, so that nothing it
--- pops is ever in no set: a process killed at any moment left each message it
--- took either in its list or named in its set, where reclaim.lua finds it
--- (docs/liveness.md).
+-- ``want`` items from the lane's lists (kombu priority 0 first, from their right
+-- end as BRPOP pops), the record of each leased one named in the popping
+-- process's in-hand set in the same call, so that nothing it pops is ever in no
+-- set: a process killed at any moment left each message it took either in its
+-- list or named in its set, where reclaim.lua finds it (docs/liveness.md).
 --
--- KEYS[1] the process's in-hand set   KEYS[2] live processes (zset)
--- KEYS[3] the lane's doorbell (lanes.keys.lane_doorbell)   KEYS[4..] the lane's
---   lists, list p holding kombu priority p
--- ARGV[1] most messages to take   ARGV[2] the process's entry for KEYS[2] ('' once
---   it has one), written with expiry ARGV[3] if it has none yet
--- ARGV[4] the lists to look at: the doorbell token's bits (bit p: list p, as
---   _lib.lua's ring writes them), or '' for every list (the worker's poll)
+-- KEYS: in_hand (the process's in-hand set), procs (live processes, zset), bell
+--   (the lane's doorbell, lanes.keys.lane_doorbell), then the lane's lists (list
+--   p holding kombu priority p)
+-- ARGV: want (most items to take), register (the process's entry for procs, ''
+--   once it has one), register_ms (its expiry, written if it has none yet), bits
+--   (the lists to look at: the doorbell token's bits, bit p: list p, as _lib.lua's
+--   ring writes them; '' for every list: the worker's poll)
+--
+-- A lane list's item names a record (``<record>#<publish>``, _lib.lua's
+-- publish_record): the message is the record's ``msg`` (lanes/messages.py's
+-- stored form), read here. A copy whose publish is not the record's last (the
+-- sweep published it again) or whose record is gone (finished and settled) is
+-- dropped: the last copy is the one that counts, and a settled record has nothing
+-- left to run. Any other item (a whole message: kombu's own publish, or one a
+-- worker pushed back) is returned as it is, its record named in the in-hand set
+-- when it is leased.
 --
 -- Only the lists a token names are looked at, so a lane that keeps up pays one
--- RPOP a message. The poll looks at every list (unrung pushes, a token lost with a
--- killed worker): one EXISTS tells how many hold anything, and it stops once it
--- has met them. A call that filled its room and may have left messages behind
--- rings the doorbell again (the lists it did not finish), so another idle worker
--- wakes (chain wake).
+-- RPOP (with a count) a list, and an HMGET an item. Redis 6.2's RPOP with a count
+-- walks the list from its head (O(backlog), BENCHMARKS.md); Valkey 8.1 (make run's
+-- and the tests' server) does not, so the count stays (a loop of RPOPs would be one
+-- more command a task). A dropped copy leaves the call short of its room. The poll looks at every
+-- list (unrung pushes, a token lost with a killed worker): one EXISTS tells how
+-- many hold anything, and it stops once it has met them. A call that filled its
+-- room and may have left items behind rings the doorbell again (the lists it did
+-- not finish), so another idle worker wakes (chain wake).
 --
--- The record is read from the message as lanes/messages.py writes it (compact
--- JSON; the message not decoded whole: the delivery tag placeholder is a NUL that
--- cjson refuses; only the record's own string is, when it holds an escape).
--- Returns message, record named ('' for none), message, record, ...
+-- Returns, per message: its text, its record ('' for none), its delivery tag ('': a
+-- whole message, which carries its own), then the next message's three.
 
--- The record key as a JSON string: a plain one read as it is, one holding an escape
--- (a chat id with '"' or '\') up to its first unescaped quote and decoded by cjson.
+local in_hand, procs, bell = KEYS[1], KEYS[2], KEYS[3]
+local want, register, register_ms, bits_arg = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
+local lane_lists = {unpack(KEYS, 4)}
+local lists = #lane_lists
+
+-- The record key of a whole message as a JSON string: a plain one read as it is, one
+-- holding an escape (a chat id with '"' or '\') up to its first unescaped quote and
+-- decoded by cjson (the message not decoded whole: it may be large).
 local function record_of(item)
   local plain = string.match(item, '"dispatch_record":"([^"\\]*)"')
   if plain then return plain end
@@ -45,11 +60,9 @@ local function record_of(item)
   return ''
 end
 
-local want = tonumber(ARGV[1])
-local lists = #KEYS - 3
-local bits = tonumber(ARGV[4]) or bit.lshift(1, lists) - 1
+local bits = tonumber(bits_arg) or bit.lshift(1, lists) - 1
 local left = lists  -- lists known to hold something not met yet (all: the token says nothing more)
-if ARGV[4] == '' then left = redis.call('EXISTS', unpack(KEYS, 4)) end
+if bits_arg == '' then left = redis.call('EXISTS', unpack(lane_lists)) end
 local out, records, n = {}, {}, 0
 local behind = 0  -- bits of the lists that may still hold messages when the room is full
 for p = 0, lists - 1 do
@@ -59,25 +72,38 @@ for p = 0, lists - 1 do
       behind = bit.bor(behind, bit_p)
     else
       local asked = want - n
-      local got = redis.call('RPOP', KEYS[4 + p], asked)
+      local got = redis.call('RPOP', lane_lists[p + 1], asked)
       if got then
         left = left - 1
         if #got == asked then behind = bit.bor(behind, bit_p) end
         for _, item in ipairs(got) do
-          n = n + 1
-          local record = ''
-          if string.find(item, '"dispatch_leased":true', 1, true) then record = record_of(item) end
-          if record ~= '' then records[#records + 1] = record end
-          out[#out + 1] = item
-          out[#out + 1] = record
+          local record, pub = list_item_parts(item)
+          if not record then  -- a whole message
+            local named = ''
+            if string.find(item, '"dispatch_leased":true', 1, true) then named = record_of(item) end
+            if named ~= '' then records[#records + 1] = named end
+            n = n + 1
+            out[#out + 1] = item
+            out[#out + 1] = named
+            out[#out + 1] = ''
+          else
+            local f = redis.call('HMGET', record, 'msg', 'pub')
+            if f[1] and f[2] == pub then
+              records[#records + 1] = record
+              n = n + 1
+              out[#out + 1] = f[1]
+              out[#out + 1] = record
+              out[#out + 1] = string.match(record, '([^:]+)$') .. '.' .. pub
+            end
+          end
         end
       end
     end
   end
 end
 if #records > 0 then
-  redis.call('SADD', KEYS[1], unpack(records))
-  if ARGV[2] ~= '' then redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[2]) end
+  redis.call('SADD', in_hand, unpack(records))
+  if register ~= '' then redis.call('ZADD', procs, 'NX', register_ms, register) end
 end
-if behind ~= 0 then ring(KEYS[3], behind) end
+if behind ~= 0 then ring(bell, behind) end
 return out

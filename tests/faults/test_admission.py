@@ -150,7 +150,7 @@ def test_08_hostile_input_at_every_door(start_worker, sink, rc, tmp_path, record
     from celery.result import AsyncResult
 
     from dispatchsite.celery import app
-    from lanes.messages import Envelope, build_message
+    from lanes.messages import Envelope, build_message, kombu_message
     from tasks.dispatch import dispatch
     from tasks.models import DeadLetter
 
@@ -211,7 +211,8 @@ def test_08_hostile_input_at_every_door(start_worker, sink, rc, tmp_path, record
 
     now = time.time()
     env = Envelope(type=name, lane=lane, priority=5, attempt=1, deadline=now + 60, dispatched_at=now, chat="b")
-    template = json.loads(build_message("x", "http.post", '{"n":1}', env, 10).replace("\0", "x.1"))
+    template = kombu_message(build_message("x", "http.post", '{"n":1}', env, 10), "x", keys.task_record("x", "b"),
+                             "x.1")
     pickled = {**template, "body": __import__("base64").b64encode(pickle.dumps(Exploit())).decode(),
                "content-type": "application/x-python-serialize", "content-encoding": "binary",
                "properties": {**template["properties"], "body_encoding": "base64"}}

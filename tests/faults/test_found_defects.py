@@ -3,10 +3,10 @@ them only when a fault lands in a narrow window)."""
 
 from __future__ import annotations
 
-import json
 import time
 
 from lanes import keys
+from lanes.messages import listed_message
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, lane_depth, sweep_reaching, unique
 
@@ -37,11 +37,11 @@ def test_sweep_republishes_a_queued_task_only_when_its_copy_left_the_broker(rc):
 
     # Popped by a worker that died before naming it anywhere: the list is empty, republished.
     raw = rc.rpop(queue)
-    assert json.loads(raw)["properties"]["delivery_tag"] == f"{result.task_id}.1"
+    assert listed_message(rc, raw)["properties"]["delivery_tag"] == f"{result.task_id}.1"
     _queued_lease_expires(rc, record)
     sweep_reaching(rc, record)
     assert lane_depth(rc, lane) == 1
-    assert json.loads(rc.lindex(queue, 0))["properties"]["delivery_tag"] == f"{result.task_id}.2"
+    assert listed_message(rc, rc.lindex(queue, 0))["properties"]["delivery_tag"] == f"{result.task_id}.2"
 
 
 def test_payload_or_metadata_nested_too_deep_is_a_rejection_not_an_exception():

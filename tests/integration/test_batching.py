@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from django_celery_results.models import TaskResult
 
 from lanes import keys
+from lanes.messages import listed_message
 from tasks import config
 from tasks.dispatch import admit
 from tasks.errors import DeadLettered
@@ -281,7 +282,7 @@ def test_a_batched_claim_takes_the_ready_messages_and_leaves_the_rest_in_order(r
     after = rc.info("commandstats")
     ids = [json.loads(m)["headers"]["id"] for m in taken.messages]
     assert ids == [sent[i].task_id for i in (0, 1, 3, 5)]  # oldest first
-    left = [json.loads(m)["headers"]["id"] for m in reversed(rc.lrange(queue, 0, -1))]
+    left = [listed_message(rc, m)["headers"]["id"] for m in reversed(rc.lrange(queue, 0, -1))]
     assert left == [sent[2].task_id, sent[4].task_id]  # the other type's, in their order
     assert stat(after, "ltrim") - stat(before, "ltrim") == 1  # messages 0 and 1
     assert stat(after, "lrem") - stat(before, "lrem") == 2  # messages 3 and 5

@@ -73,7 +73,7 @@ def test_a_head_lost_unclaimed_after_its_pop_is_republished_and_its_chat_runs_in
     head = keys.task_record(sent[0].task_id, chat)
     in_hand = keys.process_in_hand(leases.process_id())
     popped = pop_more(rc, lane, keys.lane_queues(lane), 1)
-    assert [record for _msg, record in popped] == [head]
+    assert [p.record for p in popped] == [head]
     if lost == "acked":
         rc.srem(in_hand, head)  # the beat's SREM of what is out of hand
     now_ms = int(time.time() * 1000) + int(settings.DISPATCH_QUEUED_LEASE_S * 1000) + 1000
@@ -110,7 +110,7 @@ def test_a_task_of_no_chat_lost_unclaimed_after_its_pop_is_republished(rc):
     define(name, lane=lane, attempt_timeout=ATTEMPT_S, timeout=600)
     lost, bystander = (dispatch.delay(name, {"i": i}) for i in range(2))
     record = keys.task_record(lost.task_id)
-    assert [r for _m, r in pop_more(rc, lane, keys.lane_queues(lane), 1)] == [record]  # its reply lost
+    assert [p.record for p in pop_more(rc, lane, keys.lane_queues(lane), 1)] == [record]  # its reply lost
     now_ms = int(time.time() * 1000) + int(settings.DISPATCH_QUEUED_LEASE_S * 1000) + 1000
     sweep(now_ms=now_ms, batch=10_000, queued_lease_ms=int(settings.DISPATCH_QUEUED_LEASE_S * 1000))
     assert rc.zscore(keys.LEASES, record) == float("inf")
@@ -135,7 +135,7 @@ def test_a_running_head_whose_owner_cannot_move_it_is_republished_and_a_late_fin
     proc = f"ghost-{unique('h')}:4242"
     owner = f"{proc}:1"
     now = time.time()
-    assert [r for _m, r in pop_more(rc, lane, keys.lane_queues(lane), 4)] == [head]
+    assert [p.record for p in pop_more(rc, lane, keys.lane_queues(lane), 4)] == [head]
     rc.delete(keys.process_in_hand(leases.process_id()))
     # Claimed, then its lease renewed far ahead (as a beat renews every lease it still counts)...
     assert _claim(head, task_id, chat, owner, now, 6000).status == "run"

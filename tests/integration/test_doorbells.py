@@ -119,8 +119,8 @@ def test_a_pop_names_every_record_it_took_and_rings_again_for_what_it_left(rc, c
     looked = [p for p in range(10) if bits is None or bits >> p & 1]
     # Highest priority first, each list from its oldest end, at most the room.
     expected = [f"{lane}:{p}:{i}" for p in looked for i in range(counts[p])][:room]
-    assert [record for _item, record in popped] == expected
-    assert [json.loads(item)["headers"]["dispatch_record"] for item, _record in popped] == expected
+    assert [p.record for p in popped] == expected
+    assert [json.loads(p.message)["headers"]["dispatch_record"] for p in popped] == expected
     # Every record it took is in the in-hand set, written by the same call.
     assert {m.decode() for m in rc.smembers(in_hand)} == set(expected)
     # Nothing lost: what it did not take is still in its list.

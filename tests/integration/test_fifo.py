@@ -7,10 +7,12 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import orjson
 import pytest
 from django.test import override_settings
 
 from lanes import keys
+from lanes.messages import listed_message
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, lane_depth, unique, wait_until
 
@@ -229,14 +231,17 @@ def test_duplicate_delivery_of_a_finished_task_is_dropped_and_acked(start_worker
     worker.stop()
     result = dispatch.delay(name, {"x": 1})
     queue = keys.lane_queue(lane, 4)
-    raw = rc.lrange(queue, 0, -1)[0]
+    item = rc.lrange(queue, 0, -1)[0]  # the list names the record
+    whole = orjson.dumps(listed_message(rc, item))  # the message as a worker hands it back
     start_worker(lane, concurrency=1)
     result.get(timeout=20)
     from django_celery_results.models import TaskResult
 
     # As if the worker died after finishing but before Celery stored the result:
     TaskResult.objects.filter(task_id=result.task_id).delete()
-    rc.lpush(queue, raw)  # the same message again, as a redelivery would bring it
+    # The same message again, as a redelivery would bring it; and the list's copy, whose record is
+    # settled now: the pop drops it (nothing left to run).
+    rc.lpush(queue, whole, item)
     wait_until(lambda: lane_depth(rc, lane) == 0, timeout=20, what="duplicate consumed")
     row = wait_until(lambda: TaskResult.objects.filter(task_id=result.task_id).first(), what="result re-stored")
     assert row.status == "SUCCESS" and json.loads(row.result) == {"status": 200}

@@ -11,11 +11,11 @@ and a batched claim (claim_batch.lua).
 
 from __future__ import annotations
 
-import json
 import time
 
 from lanes import keys
 from lanes.lua.claim_batch import claim_batch
+from lanes.messages import listed_message
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, unique, wait_until
 
@@ -103,7 +103,7 @@ def test_a_batched_claim_takes_its_tasks_out_of_the_count(rc):
     results = [dispatch.delay(name, {"i": i}) for i in range(6)]
     assert all(r.accepted for r in results)
     assert waiting(rc, lane) == in_deadlines(rc, lane) == 6
-    handler = next(json.loads(m)["headers"]["task"] for q in keys.lane_queues(lane) for m in rc.lrange(q, 0, 0))
+    handler = next(listed_message(rc, m)["headers"]["task"] for q in keys.lane_queues(lane) for m in rc.lrange(q, 0, 0))
     now = time.time()
     taken = claim_batch(
         lane=lane, handler=handler, task_type=name, owner="wc-test:1:1", now=now, lease_ms=60_000,

@@ -17,6 +17,7 @@ import pytest
 from kombu import Connection, Exchange, Queue
 
 from lanes import keys
+from lanes.messages import listed_message
 from lanes.transport import LEASED_HEADER
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, lane_depth, sweep_reaching, unique, wait_until
@@ -95,7 +96,7 @@ def _pop_and_run(rc, lane: str, task_id: str):
     from dispatchsite.celery import app
     from tasks.execution import execute
 
-    raw = json.loads(next(rc.rpop(q) for q in keys.lane_queues(lane) if rc.llen(q)))
+    raw = listed_message(rc, next(rc.rpop(q) for q in keys.lane_queues(lane) if rc.llen(q)))
     _args, kwargs, _embed = json.loads(raw["body"])
     task = app.tasks["http.post"]
     task.push_request(id=task_id, delivery_info={})

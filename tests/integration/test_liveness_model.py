@@ -197,7 +197,7 @@ class LivenessModel(RuleBasedStateMachine):
         return reply
 
     def _claim(self, worker: Worker, record: str, msg: bytes) -> Started:
-        attempt = int(re.search(rb'"retries":(\d+)', msg).group(1)) + 1  # type: ignore[union-attr]
+        attempt = int(re.search(rb'"attempt":(\d+)', msg).group(1))  # type: ignore[union-attr]
         return lua_start(task_id=_task_id(record), record=record, chat=_chat_of(record), attempt=attempt,
                          owner=worker.owner, now=self.now_ms() / 1000, lease_ms=LEASE_MS, max_deliveries=10,
                          dead_owner="", metric_field="m|m", queue_latency_bucket="", queue_latency_s=0.0,
@@ -210,7 +210,7 @@ class LivenessModel(RuleBasedStateMachine):
         status = reply.status
         self._ack(worker, index)
         if status == "run":
-            worker.running[record] = int(re.search(rb'"retries":(\d+)', msg).group(1)) + 1  # type: ignore
+            worker.running[record] = int(re.search(rb'"attempt":(\d+)', msg).group(1))  # type: ignore
         elif status == "finished":
             self._settle([record])  # the result row re-stored: settled
         elif status == "poison":
@@ -240,7 +240,7 @@ class LivenessModel(RuleBasedStateMachine):
         worker = self.workers[w]
         with as_process(worker.proc):
             popped = pop_more(self.rc, self.lane, self.lists, room)
-        worker.in_hand.extend((record, msg) for msg, record in popped if record)
+        worker.in_hand.extend((p.record, p.message) for p in popped if p.record)
 
     @rule(w=st.integers(0, 1), i=st.integers(0, 5))
     def claim(self, w: int, i: int) -> None:
@@ -267,7 +267,7 @@ class LivenessModel(RuleBasedStateMachine):
         record = sorted(worker.running)[i % len(worker.running)]
         attempt = worker.running[record]
         msg = self.rc.hget(record, "msg") or b""
-        next_msg = re.sub(rb'"retries":\d+', b'"retries":%d' % attempt, msg, count=1)
+        next_msg = re.sub(rb'"attempt":\d+', b'"attempt":%d' % (attempt + 1), msg, count=1)
         now = self.now_ms() / 1000
         reply = lua_retry(record=record, lane=self.lane, now=now, next_attempt=attempt + 1, message=next_msg,
                           due=now + 0.1, queued_lease_ms=QUEUED_MS, metric_field="m|m", owner=worker.owner)
@@ -450,7 +450,7 @@ class LivenessModel(RuleBasedStateMachine):
                     popped = pop_more(self.rc, self.lane, self.lists, 10)
                 if not popped:
                     break
-                healthy.in_hand.extend((record, msg) for msg, record in popped if record)
+                healthy.in_hand.extend((p.record, p.message) for p in popped if p.record)
                 while healthy.in_hand:
                     self._deliver(healthy, 0)
                 self._finish_all(healthy)

@@ -52,12 +52,13 @@ def _pop_and_check(rc, quiet, chat_id: str) -> dict[str, int]:
     lists = keys.lane_queues(LANE)
     [message] = [m for name in lists for m in rc.lrange(name, 0, -1)]
     quiet.flushall()
+    quiet.hset(record, mapping=rc.hgetall(record))  # the list names the record: the pop reads it
     quiet.lpush(lists[0], message)
     in_hand = keys.process_in_hand(leases.process_id())
     quiet.config_resetstat()
     popped = pop_more(quiet, LANE, lists, 4)
     cost = {name: n for name, n in _commands(quiet).items() if name != "cmdstat_info"}
-    assert [named for _item, named in popped] == [record]
+    assert [p.record for p in popped] == [record]
     assert quiet.smembers(in_hand) == {record.encode()}
     # Cancelled (it never started), so the next example's chat starts empty.
     assert cancel_task(result.task_id, "test over", chat_id=chat_id).outcome == "cancelled"

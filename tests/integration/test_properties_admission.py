@@ -201,10 +201,11 @@ def stores():
 def published(rc, task_id: str, chat: str) -> tuple[object, object]:
     """The payload and metadata a worker will read from the message admission published."""
     from lanes import keys
+    from lanes.messages import kombu_message
 
     raw = rc.hget(keys.task_record(task_id, chat or None), "msg")
     assert raw is not None, f"accepted task {task_id} has no stored message"
-    message = json.loads(raw.decode("utf-8"), strict=False)  # the delivery tag is a raw NUL until delivery
+    message = kombu_message(raw, task_id, keys.task_record(task_id, chat or None), f"{task_id}.1")
     _args, kwargs, _embed = json.loads(message["body"])
     return kwargs["payload"], kwargs["dispatch"]["meta"]
 

@@ -222,7 +222,7 @@ def test_system_exit_and_unserializable_results_are_contained(start_worker):
 
 
 def test_malformed_messages_on_a_lane_are_recorded_not_run(start_worker, rc):
-    from lanes.messages import Envelope, build_message
+    from lanes.messages import Envelope, build_message, kombu_message
 
     name, lane = unique("malformed"), unique("l-malformed")
     define(name, handler="demo.flaky", lane=lane)
@@ -230,10 +230,10 @@ def test_malformed_messages_on_a_lane_are_recorded_not_run(start_worker, rc):
     now = time.time()
     env = Envelope(type=name, lane=lane, priority=5, attempt=1, deadline=now + 60, dispatched_at=now)
 
-    template = build_message("x", "demo.flaky", '{"n":1}', env, 10)
+    template = build_message("x", "demo.flaky", '{"n":1}', env, 10)  # as a record stores it
 
     def push(task_id: str, change_body=None, task: str = "demo.flaky") -> None:
-        message = json.loads(template.replace("\0", f"{task_id}.1"))
+        message = kombu_message(template, task_id, keys.task_record(task_id), f"{task_id}.1")  # a whole one
         message["headers"].update(id=task_id, task=task)
         args, kwargs, embed = json.loads(message["body"])
         if change_body:
@@ -265,10 +265,11 @@ def test_the_hard_limit_leaves_room_to_record_the_outcome_while_redis_is_away():
     worker's main process then stopped on UnpicklingError (fault scenario 4, intermittent)."""
     from django.conf import settings
 
-    from lanes.messages import Envelope, build_message
+    from lanes.messages import Envelope, build_message, kombu_message
 
     now = time.time()
     env = Envelope(type="t", lane="l", priority=5, attempt=1, deadline=now + 60, dispatched_at=now)
-    hard, soft = json.loads(build_message("x", "demo.echo", "{}", env, 10).replace("\0", "x.1"))["headers"]["timelimit"]
+    stored = build_message("x", "demo.echo", "{}", env, 10)
+    hard, soft = kombu_message(stored, "x", "r", "x.1")["headers"]["timelimit"]
     assert soft == 10
     assert hard - soft > 2 * settings.DISPATCH_LEASE_S + 2 * settings.DISPATCH_REDIS_TIMEOUT_S

@@ -10,6 +10,7 @@ import pytest
 
 from lanes import keys
 from lanes.lua.audit import audit as lua_audit
+from lanes.messages import stored_parts
 from tasks import config
 from tasks.dispatch import admit, dispatch
 from tasks.maintenance import expire_due, promote_due, sweep
@@ -22,8 +23,7 @@ def record_of(rc, task_id: str, chat: str = "") -> dict[str, str]:
 
 
 def envelope(rc, task_id: str) -> dict:
-    msg = json.loads(rc.hget(keys.task_record(task_id), "msg").replace(b"\0", b"0"))
-    return json.loads(msg["body"])[1]["dispatch"]
+    return json.loads(stored_parts(rc.hget(keys.task_record(task_id), "msg"))[4])
 
 
 @pytest.fixture

@@ -19,9 +19,7 @@ from lanes import keys
 from lanes.lua import loader
 
 LUA_DIR = Path(loader.__file__).parent
-#: The pop, which another change (quoted chat ids) reworks at the same time: converted after it.
-NOT_YET = {"pop_more"}
-SCRIPTS = sorted(p for p in LUA_DIR.glob("*.lua") if p.stem not in NOT_YET)
+SCRIPTS = sorted(LUA_DIR.glob("*.lua"))
 POSITIONAL = re.compile(r"\b(?:KEYS|ARGV)\[")
 
 
