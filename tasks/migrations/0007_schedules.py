@@ -10,7 +10,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('django_celery_beat', '0019_alter_periodictasks_options'),
-        ('tasks', '0006_h28b_dedupe'),
+        ('tasks', '0006_dedupe'),
     ]
 
     operations = [
