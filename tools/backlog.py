@@ -60,10 +60,17 @@ def percentile(values: list[float], q: float) -> float | None:
     return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
 
 
-def probe(rate: float, stop_file: str, max_s: float = 3600.0) -> dict[str, Any]:
-    """Dispatch to the probe lane at ``rate``/s until ``stop_file`` exists: admission latencies (ms)."""
+def probe(rate: float, stop_file: str, ready_file: str = "", max_s: float = 3600.0) -> dict[str, Any]:
+    """Dispatch to the probe lane at ``rate``/s until ``stop_file`` exists: admission latencies (ms).
+
+    A first dispatch (the process's config load and connection, not admission's cost) is left out of the
+    figures; ``ready_file`` is created after it, so the phase measured starts when the probe does.
+    """
     from tasks.dispatch import dispatch
 
+    dispatch.delay(PROBE_TYPE, {"n": -1})
+    if ready_file:
+        Path(ready_file).touch()
     latencies: list[float] = []
     rejected = 0
     start = time.perf_counter()
@@ -230,12 +237,18 @@ def run_backlog(*, n: int, probe_rate: float = 50.0, baseline_s: float = 10.0, i
 
 def _probe_phase(bench: Any, rate: float, body: Callable[[], None]) -> dict[str, Any]:
     """The probe in its own process while ``body`` runs; its latencies."""
-    stop = bench.tmp / f"probe-stop-{uuid.uuid4().hex[:6]}"
+    tag = uuid.uuid4().hex[:6]
+    stop, ready = bench.tmp / f"probe-stop-{tag}", bench.tmp / f"probe-ready-{tag}"
     proc = subprocess.Popen([sys.executable, "manage.py", "backlog", "--role", "probe", "--spec",
-                             json.dumps({"rate": rate, "stop_file": str(stop)})], cwd=str(Path(__file__).parent.parent),
+                             json.dumps({"rate": rate, "stop_file": str(stop), "ready_file": str(ready)})],
+                            cwd=str(Path(__file__).parent.parent),
                             env=bench.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.0)  # its Django start, before the measured phase
+        # Its Django start and first dispatch, before the measured phase (on a loaded host that outlasted
+        # a fixed wait, and the baseline measured nothing).
+        deadline = time.monotonic() + 300
+        while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
         body()
     finally:
         stop.touch()

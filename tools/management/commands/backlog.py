@@ -39,7 +39,8 @@ class Command(BaseCommand):
             return
         if role == "probe":
             spec = json.loads(opts["spec"])
-            self.stdout.write(json.dumps(backlog.probe(float(spec["rate"]), spec["stop_file"])))
+            report = backlog.probe(float(spec["rate"]), spec["stop_file"], spec.get("ready_file", ""))
+            self.stdout.write(json.dumps(report))
             return
         if role == "views":
             self.stdout.write(json.dumps(backlog.time_views()))
