@@ -14,7 +14,7 @@ from django_celery_beat.models import ClockedSchedule, CrontabSchedule, Interval
 from tasks import dedupe as dedupe_rules
 from tasks import registry, schedules
 from tasks.retry import MAX_TIMEOUT_S
-from tasks.validation import MAX_CHAT_ID_LEN, MAX_LIMIT_KEY_LEN, is_clean_text
+from tasks.validation import MAX_CHAT_ID_LEN, MAX_LIMIT_KEY_LEN, is_clean_text, unstorable_text
 
 TYPE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 #: A limit's name is part of its Redis keys (``dispatch:lim:{name}:{value}``): no ':' in it.
@@ -472,6 +472,11 @@ class Schedule(models.Model):
                 json.dumps(self.payload, ensure_ascii=False, allow_nan=False).encode("utf-8")
             except (ValueError, UnicodeEncodeError) as exc:
                 errors["payload"] = f"Payload is not valid JSON text: {exc}."
+            else:
+                # What dispatch refuses (PostgreSQL's jsonb cannot hold NUL): each fire would be refused.
+                where = unstorable_text(self.payload, "payload")
+                if where:
+                    errors["payload"] = f"Payload cannot be stored: {where}."
         if self.chat_id and not is_clean_text(self.chat_id, MAX_CHAT_ID_LEN):
             errors["chat_id"] = f"Chat id must be 1..{MAX_CHAT_ID_LEN} printable characters."
         if self.limit_key and not is_clean_text(self.limit_key, MAX_LIMIT_KEY_LEN):
