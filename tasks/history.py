@@ -42,6 +42,7 @@ import orjson
 from django.conf import settings
 
 from lanes import keys
+from lanes.messages import stored_parts
 from lanes.forksafe import ForkSafeLock
 from tasks.owners import owner_of
 
@@ -320,8 +321,15 @@ def cancelled_waiting(cancelled: list[tuple[str, str]], detail: str) -> None:
 
 
 def envelope_of(msg: bytes | str) -> dict[str, Any]:
-    """The envelope dict of a message stored in a task record (``lanes.messages.build_message``'s layout)."""
+    """The envelope dict of a message stored in a task record (``lanes.messages.build_message``'s compact
+    layout, or a whole message with a NUL for its tag as records written before it hold); {} if neither."""
     raw = msg if isinstance(msg, bytes) else msg.encode()
+    if raw[:1] != b"{":
+        try:
+            envelope = orjson.loads(stored_parts(raw)[4])
+        except ValueError:
+            return {}
+        return envelope if isinstance(envelope, dict) else {}
     outer = json.loads(raw.replace(b"\0", b"").decode("utf-8"))
     _args, kwargs, _embed = json.loads(outer["body"])
     envelope = kwargs.get("dispatch") if isinstance(kwargs, dict) else None
