@@ -42,8 +42,8 @@ import orjson
 from django.conf import settings
 
 from lanes import keys
-from lanes.messages import stored_parts
 from lanes.forksafe import ForkSafeLock
+from lanes.messages import stored_parts
 from tasks.owners import owner_of
 
 logger = logging.getLogger(__name__)
