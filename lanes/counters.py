@@ -33,10 +33,9 @@ from __future__ import annotations
 import atexit
 import logging
 import os
-import threading
-import time
 
 from lanes import keys
+from lanes.flusher import Flusher
 from lanes.forksafe import ForkSafeLock
 
 logger = logging.getLogger(__name__)
@@ -54,8 +53,6 @@ BOTH, TOTAL, MINUTE = "both", "total", "minute"
 _lock = ForkSafeLock()
 #: (minute, field, where) -> amount waiting to be written.
 _pending: dict[tuple[int, str, str], float] = {}
-_thread: threading.Thread | None = None
-_thread_pid: int | None = None
 
 
 def add(field: str, now: float, amount: float = 1, where: str = BOTH) -> None:
@@ -65,7 +62,7 @@ def add(field: str, now: float, amount: float = 1, where: str = BOTH) -> None:
         if entry not in _pending and len(_pending) >= PENDING_MAX:
             return
         _pending[entry] = _pending.get(entry, 0) + amount
-    _ensure_thread()
+    _flusher.ensure()
 
 
 def observe(name: str, suffix: str, bucket: str, seconds: float, now: float) -> None:
@@ -126,39 +123,14 @@ def flush(client=None) -> int:
     return len(batch)
 
 
-def flush_quietly(*_args, **_kwargs) -> None:
-    """``flush()`` for exit hooks and signal receivers: never raises."""
-    try:
-        flush()
-    except Exception:  # at exit, a count lost is all that can go wrong
-        logger.warning("counters_flush_at_exit_failed", exc_info=True)
-
-
-def _ensure_thread() -> None:
-    global _thread, _thread_pid
-    if _thread is not None and _thread_pid == os.getpid():
-        return
-    with _lock:
-        if _thread is not None and _thread_pid == os.getpid():
-            return
-        _thread_pid = os.getpid()
-        _thread = threading.Thread(target=_flush_forever, name="dispatch-counters", daemon=True)
-        _thread.start()
-
-
-def _flush_forever() -> None:
-    while True:
-        time.sleep(FLUSH_EVERY_S)
-        if _pending:
-            flush_quietly()
+_flusher = Flusher("counters", FLUSH_EVERY_S, flush, lambda: bool(_pending))
+#: ``flush()`` for exit hooks and signal receivers: never raises.
+flush_quietly = _flusher.flush_quietly
 
 
 def _after_fork_in_child() -> None:
-    # The parent's counts are the parent's to write; its thread does not exist here.
-    global _thread, _thread_pid
+    # The parent's counts are the parent's to write (its thread does not exist here: the flusher starts one).
     _pending.clear()
-    _thread = None
-    _thread_pid = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -34,7 +34,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from typing import Any
 
@@ -42,6 +41,7 @@ import orjson
 from django.conf import settings
 
 from lanes import keys
+from lanes.flusher import Flusher
 from lanes.forksafe import ForkSafeLock
 from lanes.messages import stored_parts
 from tasks.owners import owner_of
@@ -98,8 +98,6 @@ _trim: set[str] = set()
 _progress: dict[str, tuple[str, bool]] = {}
 #: task id -> when its progress was last written (monotonic).
 _progress_at: dict[str, float] = {}
-_thread: threading.Thread | None = None
-_thread_pid: int | None = None
 _count = 0
 
 
@@ -122,7 +120,7 @@ def note(task_id: str, kind: str, *, attempt: int = 0, at: float | None = None, 
         _count += 1
         if attempt >= TRIM_FROM_ATTEMPT:
             _trim.add(task_id)
-    _ensure_thread()
+    _flusher.ensure()
 
 
 def report_progress(task_id: str, fraction: Any, note_text: Any = None) -> None:
@@ -131,7 +129,7 @@ def report_progress(task_id: str, fraction: Any, note_text: Any = None) -> None:
     line = json.dumps({"fraction": value, "note": text, "at": round(time.time(), 3)})
     with _lock:
         _progress[task_id] = (line, False)
-    _ensure_thread()
+    _flusher.ensure()
 
 
 def attempt_ended(task_id: str) -> None:
@@ -217,43 +215,19 @@ def flush(client: Any = None) -> int:
     return sum(len(lines) for lines in events.values())
 
 
-def flush_quietly(*_args: Any, **_kwargs: Any) -> None:
-    """``flush()`` for exit hooks and signal receivers: never raises."""
-    try:
-        flush()
-    except Exception:  # at exit, history lost is all that can go wrong
-        logger.warning("history_flush_at_exit_failed", exc_info=True)
-
-
-def _ensure_thread() -> None:
-    global _thread, _thread_pid
-    if _thread is not None and _thread_pid == os.getpid():
-        return
-    with _lock:
-        if _thread is not None and _thread_pid == os.getpid():
-            return
-        _thread_pid = os.getpid()
-        _thread = threading.Thread(target=_flush_forever, name="dispatch-history", daemon=True)
-        _thread.start()
-
-
-def _flush_forever() -> None:
-    while True:
-        time.sleep(FLUSH_EVERY_S)
-        if _events or _progress:
-            flush_quietly()
+_flusher = Flusher("history", FLUSH_EVERY_S, flush, lambda: bool(_events or _progress))
+#: ``flush()`` for exit hooks and signal receivers: never raises.
+flush_quietly = _flusher.flush_quietly
 
 
 def _after_fork_in_child() -> None:
-    global _thread, _thread_pid, _count
+    global _count
     _events.clear()
     _progress.clear()
     _progress_at.clear()
     _expiring.clear()
     _trim.clear()
     _count = 0
-    _thread = None
-    _thread_pid = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
