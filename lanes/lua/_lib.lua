@@ -492,3 +492,29 @@ local function finish_record(c, record, task_id, outcome, result, owner, tombsto
   end
   return 'ok', next_id
 end
+
+-- Finish the succeeded items named in ARGV from ``first`` on (FINISH_ITEM_FIELDS each: task_id, record,
+-- chat id or '', result JSON, owner), each as finish.lua finishes one task: finish_batch.lua's whole
+-- call, claim_group.lua's first part. ``p`` names what they share: the keys (leases, deadlines, chats,
+-- metrics_total, metrics_minute) and the call's terms (now, tomb_ttl_s, queued_lease_ms, settle_lease_ms,
+-- chat_waiting_prefix, limit_prefix, lane_prefix, chat_prefix, tombstone_prefix). Returns finish_record's
+-- reply per item.
+local FINISH_ITEM_FIELDS = 5
+
+local function finish_done_items(p, first)
+  lim_setup(p.limit_prefix, p.lane_prefix, p.metrics_total, p.metrics_minute, p.now, p.leases,
+    p.now + tonumber(p.queued_lease_ms))
+  local c = {
+    leases = p.leases, deadlines = p.deadlines, lane_prefix = p.lane_prefix, chats = p.chats,
+    tomb_ttl_s = tonumber(p.tomb_ttl_s), settle_until = p.now + tonumber(p.settle_lease_ms),
+    handover_until = p.now + tonumber(p.queued_lease_ms), chat_waiting_prefix = p.chat_waiting_prefix,
+  }
+  local replies = {}
+  for i = first, #ARGV, FINISH_ITEM_FIELDS do
+    local task_id, record, chat, result, owner = unpack(ARGV, i, i + FINISH_ITEM_FIELDS - 1)
+    local chat_base = p.chat_prefix .. '{' .. chat .. '}'
+    replies[#replies + 1] = finish_record(c, record, task_id, 'done', result, owner, p.tombstone_prefix .. task_id,
+      chat, chat_base .. CHAT_QUEUE_SUFFIX, chat_base .. CHAT_RECORDS_SUFFIX)
+  end
+  return replies
+end

@@ -10,14 +10,14 @@
 --   tombstone_ttl_s, queued_lease_ms, settle_lease_ms, chat_waiting_prefix, limit_prefix,
 --   chat_prefix, tombstone_prefix, then CLAIM_FIELDS per claimed item:
 --   task_id, record, attempt, owner, chat_queue ('' when it has no chat), tombstone;
---   then FINISH_FIELDS per finished item: task_id, record, chat id or '', result JSON, owner
+--   then FINISH_ITEM_FIELDS (_lib.lua) per finished item: task_id, record, chat id or '', result JSON, owner
 -- Returns {config_version ('' without claims), n_claims pairs (status, detail: claim_record's reply; detail '' where
 --   it has none), then one reply per finished item: 'ok' | 'already' | 'gone' | 'taken'}.
 local leases, config_version, deadlines, procs, held, chats, metrics_total, metrics_minute = unpack(KEYS, 1, 8)
 local now_ms, lease_ms, max_deliveries, process, liveness_ms, lane_prefix, n_claims = unpack(ARGV, 1, 7)
 local tomb_ttl_s, queued_lease_ms, settle_lease_ms, chat_waiting_prefix, limit_prefix, chat_prefix,
   tombstone_prefix = unpack(ARGV, 8, 14)
-local FIRST_ITEM, CLAIM_FIELDS, FINISH_FIELDS = 15, 6, 5
+local FIRST_ITEM, CLAIM_FIELDS = 15, 6
 
 --! include _claim.lua
 
@@ -25,18 +25,12 @@ local now = tonumber(now_ms)
 local first_finish = FIRST_ITEM + tonumber(n_claims) * CLAIM_FIELDS
 local finished = {}
 if first_finish <= #ARGV then
-  lim_setup(limit_prefix, lane_prefix, metrics_total, metrics_minute, now, leases, now + tonumber(queued_lease_ms))
-  local f = {
-    leases = leases, deadlines = deadlines, lane_prefix = lane_prefix, chats = chats,
-    tomb_ttl_s = tonumber(tomb_ttl_s), settle_until = now + tonumber(settle_lease_ms),
-    handover_until = now + tonumber(queued_lease_ms), chat_waiting_prefix = chat_waiting_prefix,
-  }
-  for i = first_finish, #ARGV, FINISH_FIELDS do
-    local task_id, record, chat, result, owner = unpack(ARGV, i, i + FINISH_FIELDS - 1)
-    local chat_base = chat_prefix .. '{' .. chat .. '}'
-    finished[#finished + 1] = finish_record(f, record, task_id, 'done', result, owner, tombstone_prefix .. task_id,
-      chat, chat_base .. CHAT_QUEUE_SUFFIX, chat_base .. CHAT_RECORDS_SUFFIX)
-  end
+  finished = finish_done_items({
+    leases = leases, deadlines = deadlines, chats = chats, metrics_total = metrics_total,
+    metrics_minute = metrics_minute, now = now, tomb_ttl_s = tomb_ttl_s, queued_lease_ms = queued_lease_ms,
+    settle_lease_ms = settle_lease_ms, chat_waiting_prefix = chat_waiting_prefix, limit_prefix = limit_prefix,
+    lane_prefix = lane_prefix, chat_prefix = chat_prefix, tombstone_prefix = tombstone_prefix,
+  }, first_finish)
 end
 
 local c = {

@@ -20,21 +20,11 @@
 local leases, chats, metrics_total, metrics_minute, deadlines = unpack(KEYS, 1, 5)
 local now_ms, tomb_ttl_s, queued_lease_ms, settle_lease_ms, chat_waiting_prefix, limit_prefix, lane_prefix, chat_prefix,
   tombstone_prefix = unpack(ARGV, 1, 9)
-local FIRST_ITEM, FIELDS = 10, 5
+local FIRST_ITEM = 10
 
-local now = tonumber(now_ms)
-local replies = {}
-lim_setup(limit_prefix, lane_prefix, metrics_total, metrics_minute, now, leases, now + tonumber(queued_lease_ms))
-local c = {
-  leases = leases, deadlines = deadlines, lane_prefix = lane_prefix, chats = chats,
-  tomb_ttl_s = tonumber(tomb_ttl_s), settle_until = now + tonumber(settle_lease_ms),
-  handover_until = now + tonumber(queued_lease_ms), chat_waiting_prefix = chat_waiting_prefix,
-}
-
-for i = FIRST_ITEM, #ARGV, FIELDS do
-  local task_id, record, chat, result, owner = unpack(ARGV, i, i + FIELDS - 1)
-  local chat_base = chat_prefix .. '{' .. chat .. '}'
-  replies[#replies + 1] = finish_record(c, record, task_id, 'done', result, owner, tombstone_prefix .. task_id, chat,
-    chat_base .. CHAT_QUEUE_SUFFIX, chat_base .. CHAT_RECORDS_SUFFIX)
-end
-return replies
+return finish_done_items({
+  leases = leases, deadlines = deadlines, chats = chats, metrics_total = metrics_total,
+  metrics_minute = metrics_minute, now = tonumber(now_ms), tomb_ttl_s = tomb_ttl_s, queued_lease_ms = queued_lease_ms,
+  settle_lease_ms = settle_lease_ms, chat_waiting_prefix = chat_waiting_prefix, limit_prefix = limit_prefix,
+  lane_prefix = lane_prefix, chat_prefix = chat_prefix, tombstone_prefix = tombstone_prefix,
+}, FIRST_ITEM)
