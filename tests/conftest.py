@@ -118,7 +118,11 @@ def start_worker(tmp_root):
     for worker in started:
         worker.discard()
     _clear_heartbeats(started)
-    for worker in started:
+    _keep_logs(started)
+
+
+def _keep_logs(workers) -> None:
+    for worker in workers:
         log = worker.log_path
         if log.exists():
             ARTIFACTS.mkdir(exist_ok=True)
@@ -137,6 +141,24 @@ def _clear_heartbeats(workers) -> None:
                             worker.queues.split(","))
         except Exception:  # noqa: BLE001 - a test that stopped Redis: the beat expires by itself
             pass
+
+
+@pytest.fixture(scope="module")
+def shared_worker(request, tmp_root):
+    """One worker for the tests of a module that each use their own lane of ``SHARED_LANES`` (a dict
+    the module fills with unique names at import), started once (about 1.3 s a start) with the
+    module's ``SHARED_WORKER`` options. A test that kills, stops or reconfigures a worker, or needs a
+    lane no worker consumes yet, starts its own (``start_worker``). Killed at the module's end, like
+    ``start_worker``'s: what it still held is on lanes no later test uses."""
+    from tests.support.workers import Worker
+
+    lanes = request.module.SHARED_LANES
+    worker = Worker(",".join(lanes.values()), tmp_root / "logs", **getattr(request.module, "SHARED_WORKER", {}))
+    worker.start()
+    yield worker
+    worker.discard()
+    _clear_heartbeats([worker])
+    _keep_logs([worker])
 
 
 @pytest.fixture
