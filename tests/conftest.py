@@ -179,28 +179,8 @@ def lane_worker(tmp_root):
 
     worker = Worker(TEST_LANES, tmp_root / "logs", concurrency=2).start()
     yield worker
-    # Killed once idle, not stopped: the common lanes are used again by the next module, so nothing may
-    # be left running to be reclaimed there, and a warm shutdown would then only add billiard's joins.
-    _wait_idle(worker)
-    worker.discard()
+    worker.retire()  # the next module uses the common lanes too: nothing left running on them
     _clear_heartbeats([worker])
-
-
-def _wait_idle(worker, timeout: float = 60) -> None:
-    """Until the worker runs and holds no task (it answers remote control), bounded by ``timeout``."""
-    import socket
-    import time
-
-    from celery import current_app
-
-    destination = [f"{worker.name}@{worker.host or socket.gethostname()}"]
-    deadline = time.monotonic() + timeout
-    while worker.alive() and time.monotonic() < deadline:
-        inspect = current_app.control.inspect(destination=destination, timeout=2.0, limit=1)
-        active, reserved = inspect.active(), inspect.reserved()
-        if active and reserved and not any(active.values()) and not any(reserved.values()):
-            return
-        time.sleep(0.2)
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ from tasks.models import DeadLetter
 from tasks.retry import Backoff, delay_bounds_s
 from tests.support.helpers import define, lane_depth, unique, wait_until
 
-
 #: One lane each for the tests that share a worker (``shared_worker``): the others start their own,
 #: to kill it, give it other settings or start it only after their tasks waited.
 SHARED_LANES = {key: unique(f"l-{key}") for key in (

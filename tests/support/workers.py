@@ -111,6 +111,26 @@ class Worker:
         self.proc = None
         self._terminating = False
 
+    def retire(self, timeout: float = 60) -> None:
+        """Kill it once it runs and holds no task (it answers remote control), waiting at most ``timeout``.
+
+        The end of a worker whose shutdown is not under test: nothing is left running to be reclaimed on
+        its lanes, and a warm shutdown would add only billiard's joins (2-3 s) to that wait.
+        """
+        import socket
+
+        from celery import current_app
+
+        destination = [f"{self.name}@{self.host or socket.gethostname()}"]
+        deadline = time.monotonic() + timeout
+        while self.alive() and time.monotonic() < deadline:
+            inspect = current_app.control.inspect(destination=destination, timeout=2.0, limit=1)
+            active, reserved = inspect.active(), inspect.reserved()
+            if active and reserved and not any(active.values()) and not any(reserved.values()):
+                break
+            time.sleep(0.2)
+        self.discard()
+
     def kill(self) -> None:
         """SIGKILL the main process and its pool children (its process group)."""
         if not self.proc:
