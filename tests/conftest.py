@@ -144,21 +144,33 @@ def _clear_heartbeats(workers) -> None:
 
 
 @pytest.fixture(scope="module")
-def shared_worker(request, tmp_root):
-    """One worker for the tests of a module that each use their own lane of ``SHARED_LANES`` (a dict
-    the module fills with unique names at import), started once (about 1.3 s a start) with the
-    module's ``SHARED_WORKER`` options. A test that kills, stops or reconfigures a worker, or needs a
-    lane no worker consumes yet, starts its own (``start_worker``). Killed at the module's end, like
-    ``start_worker``'s: what it still held is on lanes no later test uses."""
+def module_workers(tmp_root):
+    """``start_worker`` for a whole module: each worker started once for the module's tests (about 1.3 s a
+    start, and a new worker's first task is slower still), each test on its own lanes. Killed at the
+    module's end, like ``start_worker``'s: what they still held is on lanes no later test uses."""
     from tests.support.workers import Worker
 
-    lanes = request.module.SHARED_LANES
-    worker = Worker(",".join(lanes.values()), tmp_root / "logs", **getattr(request.module, "SHARED_WORKER", {}))
-    worker.start()
-    yield worker
-    worker.discard()
-    _clear_heartbeats([worker])
-    _keep_logs([worker])
+    started = []
+
+    def start(queues: str, **kwargs):
+        worker = Worker(queues, tmp_root / "logs", **kwargs).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.discard()
+    _clear_heartbeats(started)
+    _keep_logs(started)
+
+
+@pytest.fixture(scope="module")
+def shared_worker(request, module_workers):
+    """One worker serving every lane of the module's ``SHARED_LANES`` (a dict of unique names made at
+    import, one a test), with the module's ``SHARED_WORKER`` options. A test that kills, stops or
+    reconfigures a worker, or needs its tasks to wait for a worker's start, starts its own."""
+    return module_workers(",".join(request.module.SHARED_LANES.values()),
+                          **getattr(request.module, "SHARED_WORKER", {}))
 
 
 @pytest.fixture
