@@ -101,7 +101,7 @@ def tmp_root() -> Path:
 @pytest.fixture
 def start_worker(tmp_root):
     """Start real Celery workers; all are stopped when the test ends."""
-    from tests.support.workers import Worker
+    from tests.support.workers import Worker, start_all
 
     started = []
 
@@ -110,6 +110,13 @@ def start_worker(tmp_root):
         started.append(worker)
         return worker
 
+    def many(count: int, queues: str, **kwargs):
+        """``count`` workers alike, started at once."""
+        workers = [Worker(queues, tmp_root / "logs", **kwargs) for _ in range(count)]
+        started.extend(workers)
+        return start_all(workers)
+
+    start.many = many
     yield start
     # Done with when the test ends: killed, not stopped (a prefork worker's warm shutdown spends 2-3 s
     # in billiard's joins: about two minutes of the suite), then what a warm shutdown clears at once

@@ -53,7 +53,7 @@ def test_order_under_stress_many_chats_two_workers(start_worker, sink, rc):
            policy={"max_retries": 10, "initial_backoff": 0.05, "multiplier": 2.0, "max_backoff": 0.5})
     sink.sink.behaviour.delay_s = (0.0, 0.02)
     sink.sink.behaviour.fail_fraction_first = 0.10
-    workers = [start_worker(lane, pool="threads", concurrency=6) for _ in range(2)]
+    workers = start_worker.many(2, lane, pool="threads", concurrency=6)
     chats, per_chat = 80, 20
     accepted: dict[str, list[str]] = {}
 
