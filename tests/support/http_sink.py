@@ -123,10 +123,22 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
+class _Server(ThreadingHTTPServer):
+    """Room for every connection the workers open at once (socketserver's default backlog is 5).
+
+    The handler answers HTTP/1.0, so each request is a new connection. A full backlog (the accept
+    thread waiting for a CPU) makes Linux drop the SYN, and the caller retries only after TCP's
+    1 s timeout: a stall of the sink that a test timing the starts would blame on the platform.
+    """
+
+    request_queue_size = 256
+    sink: Sink
+
+
 class SinkServer:
     def __init__(self, behaviour: SinkBehaviour | None = None) -> None:
         self.sink = Sink(behaviour or SinkBehaviour())
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+        self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.daemon_threads = True
         self.server.sink = self.sink
         # Polled every 50 ms (the default 0.5 s is what each test's teardown would wait in shutdown()).
