@@ -5,14 +5,19 @@ stay so (the Redis budget, docs/redis-budget.md). So nothing here runs inside
 those calls or waits on Redis: an event (``started``, ``succeeded``,
 ``retry``, ...) is a line of JSON appended to an in-process buffer, and one
 daemon thread per process writes the buffer every :data:`FLUSH_EVERY_S` in one
-pipelined round trip. Per task that is an ``RPUSH`` of its events onto its own
-list (``keys.task_history``: by task id alone, so it outlives the record) and an
-``EXPIRE`` the first time (``DISPATCH_HISTORY_TTL_S``, else as long as the
-result row: Celery's ``result_expires``); a task that starts and ends within
-one flush costs those two commands and no round trip of its own. An attempt
-adds at most one event per delivery (``DISPATCH_MAX_DELIVERIES``) and one for
-its end, so a list stays short; from attempt :data:`TRIM_FROM_ATTEMPT` on, each
-write also trims it to its last :data:`HISTORY_MAX` events.
+pipelined round trip. A task's events are text under its own key
+(``keys.task_history``: by task id alone, so it outlives the record), one JSON
+event a line (``events_of`` reads them). The first write is one ``SET ... EX NX``
+that creates the key with its expiry (``DISPATCH_HISTORY_TTL_S``, else as long
+as the result row: Celery's ``result_expires``), each later one an ``APPEND``,
+which keeps it: a task that starts and ends within one flush costs one command
+and no round trip of its own (a list cost an ``RPUSH`` and an ``EXPIRE``). A
+``SET`` that finds the key made by another process appends in a second round
+trip; a key still holding a list (written before this format) is pushed onto
+as before. An attempt adds at most one event per delivery
+(``DISPATCH_MAX_DELIVERIES``) and one for its end, so a history stays short;
+from attempt :data:`TRIM_FROM_ATTEMPT` on, each write also trims it to its last
+:data:`HISTORY_MAX` events.
 
 ``ctx.progress(fraction, note)`` is the same: the handler's thread only keeps
 the latest value; the thread writes it (one ``SET`` with the same expiry) at
@@ -39,6 +44,7 @@ from typing import Any
 
 import orjson
 from django.conf import settings
+from redis.exceptions import ResponseError, WatchError
 
 from lanes import keys
 from lanes.flusher import Flusher
@@ -90,9 +96,9 @@ def check_progress(fraction: Any, note: Any = None) -> tuple[float, str]:
 _lock = ForkSafeLock()
 #: task id -> events (JSON text) not yet written, in order.
 _events: dict[str, list[str]] = {}
-#: task ids whose list has had its expiry set by this process.
+#: task ids whose history key this process knows exists with its expiry (made or found by its writes).
 _expiring: set[str] = set()
-#: task ids whose list may have grown long (a late attempt): trimmed at the next write.
+#: task ids whose history may have grown long (a late attempt): trimmed at the next write.
 _trim: set[str] = set()
 #: task id -> (progress JSON, final): the latest value not yet written; final: write it now.
 _progress: dict[str, tuple[str, bool]] = {}
@@ -157,8 +163,30 @@ def retention_s() -> int:
     return DEFAULT_RETENTION_S
 
 
+def events_of(raw: bytes | str | None) -> list[str]:
+    """The events (JSON text, in order) of a history key's text: one a line (pure)."""
+    if not raw:
+        return []
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    return [line for line in text.split("\n") if line]
+
+
+def _text_of(lines: list[str]) -> str:
+    """Events as a history key holds them: each line ends in a newline (orjson never writes one inside)."""
+    return "\n".join(lines) + "\n"
+
+
+#: One flush at a time in a process (its thread, an exit hook, a cancel's): a task's events land in order.
+_flush_lock = ForkSafeLock()
+
+
 def flush(client: Any = None) -> int:
     """Write what is buffered in one pipelined call; returns the events written. Kept for the next call on failure."""
+    with _flush_lock:
+        return _flush(client)
+
+
+def _flush(client: Any) -> int:
     global _count
     now = time.monotonic()
     with _lock:
@@ -170,7 +198,7 @@ def flush(client: Any = None) -> int:
             if final or now - _progress_at.get(task_id, -math.inf) >= PROGRESS_EVERY_S:
                 progress[task_id] = (line, final)
                 del _progress[task_id]
-        fresh = {t for t in events if t not in _expiring}
+        known = {t for t in events if t in _expiring}
         trim = set(_trim)
         _trim.clear()
     if not events and not progress:
@@ -180,39 +208,101 @@ def flush(client: Any = None) -> int:
 
         client = get_redis()
     ttl = retention_s()
+    texts = {task_id: _text_of(lines) for task_id, lines in events.items()}
     pipe = client.pipeline(transaction=False)
-    for task_id, lines in events.items():
-        key = keys.task_history(task_id)
-        pipe.rpush(key, *lines)
-        if task_id in trim:
-            pipe.ltrim(key, -HISTORY_MAX, -1)
-        if task_id in fresh:
-            pipe.expire(key, ttl)
+    for task_id, text in texts.items():
+        if task_id in known:
+            pipe.append(keys.task_history(task_id), text)
+        else:
+            pipe.set(keys.task_history(task_id), text, ex=ttl, nx=True)
     for task_id, (line, _final) in progress.items():
         pipe.set(keys.task_progress(task_id), line, ex=ttl)
+    unwritten = events
     try:
-        pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+        unwritten = {}
+        _rounds_after(client, events, texts, known, replies[:len(events)], ttl, unwritten)
+        for task_id in trim & set(events):
+            _trim_history(client, keys.task_history(task_id))
     except Exception:
         with _lock:
-            for task_id, lines in events.items():
+            for task_id, lines in unwritten.items():
                 if _count < PENDING_MAX:
                     _events[task_id] = lines + _events.get(task_id, [])
                     _count += len(lines)
-            for task_id, entry in progress.items():
-                _progress.setdefault(task_id, entry)
+            if unwritten is events:
+                for task_id, entry in progress.items():
+                    _progress.setdefault(task_id, entry)
             _trim.update(trim)
-        logger.warning("history_flush_failed tasks=%d", len(events), exc_info=True)
+        logger.warning("history_flush_failed tasks=%d", len(unwritten), exc_info=True)
         return 0
     with _lock:
-        _expiring.update(fresh)
+        _expiring.update(events)
         for task_id, (_line, final) in progress.items():
             if final:
                 _progress_at.pop(task_id, None)
             else:
                 _progress_at[task_id] = now
-        if len(_expiring) > PENDING_MAX:  # a long-lived process: forget, at worst an EXPIRE more
+        if len(_expiring) > PENDING_MAX:  # a long-lived process: forget, at worst a second round more
             _expiring.clear()
     return sum(len(lines) for lines in events.values())
+
+
+def _rounds_after(client: Any, events: dict[str, list[str]], texts: dict[str, str], known: set[str],
+                  replies: list[Any], ttl: int, unwritten: dict[str, list[str]]) -> None:
+    """What the first round could not write (rare): a ``SET NX`` that found the key (another process made
+    it) appends; an ``APPEND`` that made it (it had expired) sets its expiry; a key holding a list (the
+    format before) is pushed onto. ``unwritten`` holds the events not written yet, for the flush to keep
+    if this raises (a Redis error other than a list's ``WRONGTYPE``)."""
+    def refused(reply: Any) -> bool:
+        if isinstance(reply, ResponseError) and "WRONGTYPE" not in str(reply):
+            raise reply
+        return isinstance(reply, ResponseError)
+
+    appends, pushes, made = [], [], []
+    for (task_id, lines), reply in zip(events.items(), replies, strict=True):
+        if isinstance(reply, ResponseError) or (task_id not in known and reply is None):
+            unwritten[task_id] = lines
+        if refused(reply):
+            pushes.append(task_id)
+        elif task_id not in known and reply is None:
+            appends.append(task_id)
+        elif task_id in known and reply == len(texts[task_id].encode()):
+            made.append(task_id)
+    for task_id in made:
+        client.expire(keys.task_history(task_id), ttl)
+    if appends:
+        pipe = client.pipeline(transaction=False)
+        for task_id in appends:
+            pipe.append(keys.task_history(task_id), texts[task_id])
+        pushes += [t for t, reply in zip(appends, pipe.execute(raise_on_error=False), strict=True) if refused(reply)]
+        for task_id in set(appends) - set(pushes):
+            del unwritten[task_id]
+    if pushes:
+        pipe = client.pipeline(transaction=False)
+        for task_id in pushes:
+            pipe.rpush(keys.task_history(task_id), *events[task_id])
+        pipe.execute()
+    unwritten.clear()
+
+
+def _trim_history(client: Any, key: str) -> None:
+    """Keep a long history's last ``HISTORY_MAX`` events (its expiry kept); a write racing it: next time."""
+    with client.pipeline(transaction=True) as pipe:
+        try:
+            pipe.watch(key)
+            if pipe.type(key) in (b"list", "list"):
+                pipe.multi()
+                pipe.ltrim(key, -HISTORY_MAX, -1)
+            else:
+                lines = events_of(pipe.get(key))
+                if len(lines) <= HISTORY_MAX:
+                    return
+                pipe.multi()
+                pipe.set(key, _text_of(lines[-HISTORY_MAX:]), keepttl=True)
+            pipe.execute()
+        except WatchError:
+            pass
 
 
 _flusher = Flusher("history", FLUSH_EVERY_S, flush, lambda: bool(_events or _progress))

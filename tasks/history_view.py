@@ -8,10 +8,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from django_celery_results.models import TaskResult
+from redis.exceptions import ResponseError
 
 from lanes import keys, records
 from lanes.redis_client import get_redis
-from tasks.history import dispatched_fields, envelope_of
+from tasks.history import dispatched_fields, envelope_of, events_of
 from tasks.models import DeadLetter
 from tasks.owners import owner_of
 
@@ -98,11 +99,21 @@ def attempts_of(events: list[dict[str, Any]]) -> list[AttemptView]:
     return out
 
 
+def _event_lines(client: Any, key: str) -> list[Any]:
+    """A history's events as written (``tasks.history``: text, one a line); a list written before that format."""
+    try:
+        return events_of(client.get(key))
+    except ResponseError as exc:
+        if "WRONGTYPE" not in str(exc):
+            raise
+        return client.lrange(key, 0, -1)
+
+
 def read(task_id: str) -> History | None:
     """The history of ``task_id`` from Redis and the database; None when nothing knows it."""
     client = get_redis()
     events = []
-    for raw in client.lrange(keys.task_history(task_id), 0, -1):
+    for raw in _event_lines(client, keys.task_history(task_id)):
         try:
             events.append(json.loads(raw))
         except ValueError:

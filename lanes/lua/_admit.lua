@@ -9,7 +9,7 @@
 -- INCR (one INCRBY), the deadlines and leases ZADDs (one each) and the lane
 -- list's LPUSH (one per priority list, the items in their order, so the list
 -- holds them as one LPUSH each would have left them) and the lane's doorbell's
--- ring (_lib.lua), once a call. Nothing in a call reads
+-- ring (_lib.lua), once a call, and only for a list that was empty. Nothing in a call reads
 -- what is deferred except the waiting count, which ``pend`` carries; an item
 -- that takes another path (a limit, sent for later) flushes first, so the
 -- helpers it calls see every earlier item's writes. Everything an item reads
@@ -20,12 +20,13 @@ local function pend_new()
   return {add = 0, base = nil, deadlines = {}, leases = {}, lists = {}, order = {}, callers = {}, owned = {}}
 end
 
--- ``command key`` with the members of ``args``, in runs that fit Lua's stack (unpack).
+-- ``command key`` with the members of ``args``, in runs that fit Lua's stack (unpack); the last run's reply.
 local function call_in_runs(command, key, args)
-  local run = 2000
+  local run, reply = 2000, nil
   for i = 1, #args, run do
-    redis.call(command, key, unpack(args, i, math.min(i + run - 1, #args)))
+    reply = redis.call(command, key, unpack(args, i, math.min(i + run - 1, #args)))
   end
+  return reply
 end
 
 local function pend_flush(pend, waiting_key, deadlines_key, leases_key)
@@ -35,12 +36,15 @@ local function pend_flush(pend, waiting_key, deadlines_key, leases_key)
   for caller, n in pairs(pend.callers) do caller_move(pend.lane_prefix, pend.lane, caller, n) end
   call_in_runs('ZADD', deadlines_key, pend.deadlines)
   call_in_runs('ZADD', leases_key, pend.leases)
-  -- One ring per lane doorbell for every list the call pushed to (a chunk is one lane's).
+  -- One ring per lane doorbell for every list the call pushed to that was empty (a chunk is one
+  -- lane's): a list that held messages was rung for them already (rings_for, _lib.lua).
   local bells = {}
   for _, list in ipairs(pend.order) do
-    call_in_runs('LPUSH', list, pend.lists[list])
-    local bell = bell_of(list)
-    bells[bell] = bit.bor(bells[bell] or 0, bell_bit(list))
+    local pushed = pend.lists[list]
+    if rings_for(call_in_runs('LPUSH', list, pushed), #pushed) then
+      local bell = bell_of(list)
+      bells[bell] = bit.bor(bells[bell] or 0, bell_bit(list))
+    end
   end
   for bell, bits in pairs(bells) do ring(bell, bits) end
   -- Reset in place (admit_one holds this table); base too, which pairs() of a fresh table would skip
@@ -247,8 +251,7 @@ elseif direct then
     l[#l + 1] = pend.lease_until
     l[#l + 1] = record
   else
-    redis.call('LPUSH', queue_key, tagged)
-    ring(bell_of(queue_key), bell_bit(queue_key))
+    if rings_for(redis.call('LPUSH', queue_key, tagged), 1) then ring(bell_of(queue_key), bell_bit(queue_key)) end
     redis.call('ZADD', c.leases, tonumber(c.now_ms) + tonumber(c.queued_lease_ms), record)
   end
 end

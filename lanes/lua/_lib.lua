@@ -17,7 +17,8 @@
 -- Doorbells (lanes/transport.py, docs/liveness.md). A worker blocks on its lanes'
 -- doorbells, never on their lists, and takes messages with pop_more.lua, which
 -- names each one's record in the worker's in-hand set in the same call. So every
--- push onto a lane list rings the lane's doorbell: a list beside the lane's lists
+-- push onto a lane list rings the lane's doorbell (admission's: onto an empty one, rings_for):
+-- a list beside the lane's lists
 -- (lanes.keys.lane_doorbell: the lane's name, which has no ':', and ':bell')
 -- holding at most one token, the bits of the lane lists pushed since it was rung
 -- (bit p: list ``lane:p``, kombu priority p), so the worker that takes it looks
@@ -40,6 +41,17 @@ local function ring(bell, bits)
   local had = tonumber(token) or 1023
   local merged = bit.bor(had, bits)
   if merged ~= had then redis.call('LSET', bell, 0, merged) end
+end
+
+-- Whether admission's push of ``pushed`` messages, after which the list holds ``length``, must
+-- ring: only onto a list that was empty. A list that held messages was rung when its oldest
+-- arrived, and until it is empty a token or a pop names it: the token holds its bit until a
+-- worker takes it, that worker's pop_more empties the list or rings again for what it left
+-- (chain wake). A token lost with a killed worker (or a push that did not ring) is no longer
+-- made good by the next dispatch onto that list: the workers' poll takes it (about a second,
+-- docs/liveness.md). Under a backlog a dispatch saves the ring's LINDEX (docs/redis-budget.md).
+local function rings_for(length, pushed)
+  return tonumber(length) <= pushed
 end
 
 -- A lane list's item for a record's publish number ``pub``: the record named, not its

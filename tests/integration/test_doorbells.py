@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 from django_celery_results.models import TaskResult
@@ -187,3 +188,39 @@ def test_a_synchronous_get_of_a_lane_pops_inside_the_script_and_a_publish_rings(
         message.reject(requeue=True)  # handed back from memory
         assert _bell_bits(rc, lane) == [1] and rc.llen(lane) == 1
     rc.delete(lane, keys.lane_doorbell(lane), in_hand)
+
+
+def _script_runs(seen: list[dict]) -> list[list[str]]:
+    """The commands each script ran (MONITOR shows them together, apart from any client's), by name."""
+    runs: list[list[str]] = []
+    inside = False
+    for entry in seen:
+        if entry["client_type"] == "lua":
+            if not inside:
+                runs.append([])
+            runs[-1].append(entry["command"])
+        inside = entry["client_type"] == "lua"
+    return runs
+
+
+def test_a_push_onto_a_lane_list_that_holds_messages_does_not_ring(rc):
+    """Admission rings only for a list that was empty: the oldest message there rang, and until the
+    list is empty a token or a pop names it (_lib.lua's rings_for). Counted inside the script, a
+    plain dispatch onto a backlog runs six commands and no LINDEX of the doorbell; onto an empty
+    list it rings as before."""
+    lane, type_name = unique("bellbacklog"), unique("bellbacklog-echo")
+    define(type_name, lane=lane)
+    rc.zadd(keys.lane_consumers(lane), {"w@test": int(time.time() * 1000) + 60_000})  # a live consumer
+    lists = set(keys.lane_queues(lane))
+    with Monitor(rc) as monitor:
+        results = [dispatch.delay(type_name, {"i": i}) for i in range(20)]
+    assert all(r.accepted for r in results)
+    ours = [[c.split(" ")[0].upper() for c in run] for run in _script_runs(monitor.seen)
+            if any(c.split(" ")[0].upper() == "LPUSH" and set(c.split(" ")[1:2]) & lists for c in run)]
+    assert len(ours) == 20, ours
+    assert "LINDEX" in ours[0] and ours[0].count("LPUSH") == 2, ours[0]  # an empty list: rung (a token made)
+    estimate = {"HMGET", "SISMEMBER", "ZCOUNT"}  # the lane's estimate inputs, read once a second at most
+    for run in ours[1:]:
+        assert [name for name in run if name not in estimate] == ["GET", "INCR", "HSET", "ZADD", "LPUSH", "ZADD"], run
+    assert _bell_bits(rc, lane) == [1 << to_kombu(results[0].priority)]
+    rc.delete(*lists, keys.lane_doorbell(lane), keys.lane_consumers(lane))

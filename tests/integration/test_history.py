@@ -202,3 +202,74 @@ def test_the_page_escapes_what_it_shows(workers, admin_client):
     page = admin_client.get(f"/admin/tasks/history/{task_id}/").content.decode()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "<script>alert(1)" not in page
     assert admin_client.get("/admin/tasks/history/no-such-task/").status_code == 404
+
+
+def _events_noted(task_id: str, kinds: list[str]) -> None:
+    from tasks import history
+
+    for n, kind in enumerate(kinds):
+        history.note(task_id, kind, attempt=1 if kind != "dispatched" else 0, at=1000.0 + n)
+
+
+def _story(task_id: str) -> list[str]:
+    from tasks import history_view
+
+    found = history_view.read(task_id)
+    return [event["kind"] for event in found.events] if found else []
+
+
+def test_a_tasks_history_is_one_command_a_flush_and_keeps_its_expiry(rc):
+    """A task whose events fall in one flush costs one SET (made with its expiry); a later flush one
+    APPEND, which keeps it. Before: an RPUSH and an EXPIRE (docs/redis-budget.md)."""
+    from tasks import history
+
+    task_id = unique("hist-cost")
+    key = keys.task_history(task_id)
+    monitor = Monitor(rc, key)
+    try:
+        _events_noted(task_id, ["dispatched", "started", "succeeded"])
+        history.flush()
+        _events_noted(task_id, ["cancel_asked"])
+        history.flush()
+        rc.exists(key)  # the last command the monitor must see before it stops
+        wait_until(lambda: any(c.upper().startswith("EXISTS") for c in monitor.seen), timeout=10,
+                   what="the monitor caught up")
+    finally:
+        seen = [c.split(" ", 1)[0].upper() for c in monitor.close() if key in c]
+    seen.remove("EXISTS")
+    # The flusher's own thread may have written the first events before this test's flush: then a SET
+    # and APPENDs all the same, never a command of another kind.
+    assert seen[0] == "SET" and set(seen[1:]) == {"APPEND"} and len(seen) <= 4, seen
+    assert _story(task_id) == ["dispatched", "started", "succeeded", "cancel_asked"]
+    assert 0 < rc.ttl(key) <= history.retention_s()
+
+
+def test_a_history_another_process_began_or_a_list_from_before_is_added_to(rc):
+    """The SET finds the key (a cancel's process wrote first): the events are appended to it, under its
+    expiry; a history written as a list (the format before) is pushed onto, and reads back whole."""
+    from tasks import history
+
+    first, old = unique("hist-other"), unique("hist-list")
+    rc.set(keys.task_history(first), '{"kind":"dispatched","at":1.0}\n', ex=500)
+    rc.rpush(keys.task_history(old), '{"kind":"dispatched","at":1.0}')
+    rc.expire(keys.task_history(old), 500)
+    for task_id in (first, old):
+        _events_noted(task_id, ["started", "succeeded"])
+    history.flush()
+    for task_id in (first, old):
+        assert _story(task_id) == ["dispatched", "started", "succeeded"], task_id
+        assert 0 < rc.ttl(keys.task_history(task_id)) <= 500
+
+
+def test_a_long_history_is_trimmed_to_its_last_events(rc):
+    from tasks import history
+
+    task_id = unique("hist-long")
+    for n in range(history.HISTORY_MAX + 30):
+        history.note(task_id, "retry", attempt=history.TRIM_FROM_ATTEMPT + n, at=1000.0 + n)
+    history.flush()
+    history.note(task_id, "dead", attempt=history.TRIM_FROM_ATTEMPT + 200, at=5000.0)
+    history.flush()
+    events = history.events_of(rc.get(keys.task_history(task_id)))
+    assert len(events) == history.HISTORY_MAX and events[-1].startswith('{"kind":"dead"')
+    assert rc.ttl(keys.task_history(task_id)) > 0

@@ -47,3 +47,12 @@ def test_attempts_from_events():
 
 def test_a_task_no_worker_started_has_no_attempt():
     assert attempts_of([{"kind": "dispatched", "at": 1.0}, {"kind": "dead", "attempt": 1, "reason": "expired"}]) == []
+
+
+def test_events_are_read_one_a_line():
+    from tasks.history import _text_of, events_of
+
+    lines = ['{"kind":"dispatched","at":1.0}', '{"kind":"started","note":"a\\nb"}']
+    assert events_of(_text_of(lines).encode()) == lines
+    assert events_of(_text_of(lines[:1]) + _text_of(lines[1:])) == lines  # two flushes, appended
+    assert events_of(None) == [] and events_of(b"") == []
