@@ -43,7 +43,7 @@ def test_send_task_by_name_goes_through_ingress_admission(lane_worker):
     try:
         reply = outer.get(timeout=30)
     finally:
-        ingress.retire()
+        ingress.stop()
     assert reply["accepted"] is True and reply["priority"] == 7
     from celery.result import AsyncResult
 
@@ -53,7 +53,7 @@ def test_send_task_by_name_goes_through_ingress_admission(lane_worker):
     try:
         assert bad.get(timeout=30)["reason"] == "invalid_payload"
     finally:
-        ingress.retire()
+        ingress.stop()
 
 
 def test_http_post_delivers_with_headers(sink):
