@@ -20,7 +20,7 @@ def shadow_worker(tmp_root):
     worker = Worker(LANE, tmp_root / "logs", concurrency=2, env={"CELERY_WORKER_SEND_TASK_EVENTS": "true"},
                     extra=["-E"]).start()
     yield worker
-    worker.retire()
+    worker.stop(timeout=20)
 
 
 class _Events:
