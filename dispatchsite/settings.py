@@ -268,6 +268,9 @@ DISPATCH_CATCH_ALL = env_bool("DISPATCH_CATCH_ALL")
 DISPATCH_GROUPING = env_bool("DISPATCH_GROUPING", True)
 #: A grouping worker's prefetch multiplier (messages it holds per thread; Celery's own default is 4).
 DISPATCH_GROUP_PREFETCH = int(os.environ.get("DISPATCH_GROUP_PREFETCH", "4"))
+#: A grouping worker's pop claims the plain messages its idle run threads will run (pop_more.lua: the
+#: claim's round trip saved). Off: each is claimed by the run thread's own call (the same outcomes).
+DISPATCH_CLAIM_AT_POP = env_bool("DISPATCH_CLAIM_AT_POP", True)
 #: Threads a grouping worker may have stuck in handlers past their attempt limit before it takes no
 #: more work and shuts down warm for a fresh one (0: the worker's concurrency).
 DISPATCH_STUCK_THREADS_MAX = int(os.environ.get("DISPATCH_STUCK_THREADS_MAX", "0"))

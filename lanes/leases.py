@@ -40,6 +40,8 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -99,6 +101,11 @@ class LeaseBook:
         #: True once a beat of this process reached Redis: from then on its beat keeps its liveness
         #: entry, and a claim or a pop need not register it again (a command less each).
         self._beaten = False
+        #: Records the pop claimed (``pop_more.lua``'s claim at the pop) that nothing has taken to run yet.
+        self._claimed_at_pop: dict[str, Any] = {}
+        #: Set by a worker whose run threads take messages claimed at the pop (``tasks.grouping.Runner``):
+        #: what the next pop may claim (``lanes.lua.pop_more.PopClaims``), or None.
+        self.pop_claims: Callable[[], Any] | None = None
 
     def registered(self) -> bool:
         """Whether this process's liveness entry was written by one of its beats (claims need not write it)."""
@@ -122,6 +129,18 @@ class LeaseBook:
             else:
                 self._running.pop(record, None)
                 self._unheld[record] = time.monotonic()
+
+    def claimed_at_pop(self, record: str, claim: Any) -> None:
+        """The pop claimed ``record`` (``claim``: its ``Popped``): its lease is renewed from now on, while it
+        waits for a run thread too, until what runs it releases it."""
+        with self._lock:
+            self._claimed_at_pop[record] = claim
+        self.hold(record)
+
+    def take_claimed_at_pop(self, record: str) -> Any | None:
+        """The pop's claim of ``record`` for what runs it, held (release it when done); None if it has none."""
+        with self._lock:
+            return self._claimed_at_pop.pop(record, None)
 
     def keep_alive(self) -> None:
         """Start beating now (a worker's main process, before it pops anything)."""
@@ -168,7 +187,8 @@ class LeaseBook:
             logger.warning("in_hand_write_failed records=%d", len(unsent), exc_info=True)
 
     def out_of_hand(self, record: str) -> None:
-        """The message of ``record`` was acked or handed back: no Redis call now."""
+        """The message of ``record`` was acked or handed back: no Redis call now. A claim the pop made that
+        nothing took to run is let go: its lease runs out and the sweep hands the task on."""
         with self._lock:
             left = self._in_hand.get(record, 0) - 1
             if left > 0:
@@ -177,6 +197,10 @@ class LeaseBook:
                 self._in_hand.pop(record, None)
                 self._in_hand_unsent.discard(record)
                 self._out_of_hand.add(record)
+            untaken = self._claimed_at_pop.pop(record, None)
+        if untaken is not None:
+            logger.warning("pop_claim_untaken record=%s: its lease brings it back", record)
+            self.release(record)
 
     def settle(self, record: str) -> None:
         """Queue a finished task's record for removal: its result row is stored."""

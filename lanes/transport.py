@@ -52,6 +52,16 @@ waits about a second at most. With ``appendfsync always`` (``make run``'s
 Redis) a pop is a write whose reply waits for Redis's next fsync, so taking
 several messages a pop is what lets a worker take more than one per fsync.
 
+The claim at the pop: a worker whose group runner has idle run threads
+(``tasks.grouping``) passes ``POP_MORE`` what it may claim
+(``LeaseBook.pop_claims``); the script claims those messages as ``start.lua``
+would (named in the held set instead of the in-hand set), and the channel
+puts each claim in the book (``claimed_at_pop``: its lease renewed from then
+on) before delivering the message as before, so the message itself (what
+Flower and ``celery inspect`` see) is unchanged; the runner takes the claim
+from the book. A claim nothing takes (a message Celery's own path handled) is
+let go at its ack, and its lease brings the task back.
+
 Stock kombu frees a message's prefetch slot only after its ack reached Redis.
 An ack that timed out (Redis frozen, fault scenario 4) kept its slot forever:
 once a worker had lost as many acks as its prefetch count, it stopped
@@ -87,6 +97,7 @@ logger = logging.getLogger(__name__)
 
 #: Most messages one ``POP_MORE`` call takes (the prefetch window bounds it first).
 POP_MORE_MAX = 64
+
 
 def record_of(message) -> str | None:
     """The task record a leased message stands for (older messages: from its body)."""
@@ -332,11 +343,17 @@ class Channel(kombu_redis.Channel):
         if bits is None:
             self._looked_at_all[lane] = now
         lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
+        book = self.lease_book
+        # The claim at the pop: a worker whose run threads wait for work has them claimed here (one round
+        # trip less a task); what runs them takes each claim from the book (tasks.grouping).
+        claims = book.pop_claims() if book.pop_claims is not None else None
         with self.conn_or_acquire() as client:
-            popped = pop_more(client, lane, lists, max(1, self._room()), bits, book=self.lease_book)
+            popped = pop_more(client, lane, lists, max(1, self._room()), bits, book=book, claims=claims)
         try:
             for item in popped:
                 self._popped_in_hand = item.record
+                if item.owner:
+                    book.claimed_at_pop(item.record, item)
                 self._deliver_popped(item, lane)
         finally:
             self._popped_in_hand = ""
@@ -383,6 +400,8 @@ class Channel(kombu_redis.Channel):
             raise
         except Exception as exc:  # noqa: BLE001 - any undecodable message must not end the worker
             logger.error("undecodable_message_dropped error=%r", exc)
+            if isinstance(item, Popped) and item.owner and self.lease_book.take_claimed_at_pop(item.record):
+                self.lease_book.release(item.record)  # claimed, never to run here: its lease brings it back
             _report_unreadable(exc)
 
 

@@ -30,7 +30,7 @@ from celery import Task, states
 from celery.exceptions import Ignore, Retry
 from django.conf import settings
 
-from lanes import keys, leases, metrics
+from lanes import counters, keys, leases, metrics
 from lanes.histogram import bucket_label
 from lanes.lua.finish import finish as lua_finish
 from lanes.lua.loader import ReplicaAcksMissing
@@ -228,6 +228,10 @@ class Attempt:
         ``DeadLettered`` (already dead, or poison).
         """
         env = self.env
+        popped = self.book.take_claimed_at_pop(self.record)
+        if popped is not None:  # the pop claimed it (lanes.transport); ``run`` holds its lease from here
+            self.book.release(self.record)
+            return self.claimed_at_pop(popped.owner, popped.config_version, now)
         dead_owner = ""
         owner = leases.owner_id()
         qlat = now - env.ready_at  # a task sent for later is waited for from its due time
@@ -278,6 +282,15 @@ class Attempt:
             self.die("poison", f"delivered {started.deliveries - 1} times; its worker died each time before finishing")
         logger.info("delivery_skipped task=%s status=%s", self.task_id, status)
         raise Ignore()
+
+    def claimed_at_pop(self, owner: str, version: str, now: float) -> str:
+        """The pop claimed this attempt for ``owner`` (``pop_more.lua``, as ``start.lua`` would have): counted as
+        a claim is (started, queue latency); returns the config version in force."""
+        self.owner = owner
+        qlat = now - self.env.ready_at
+        counters.add(f"started|{self.field}", now)
+        counters.observe("qlat", self.field, bucket_label(qlat) if self.env.attempt == 1 else "", qlat, now)
+        return version
 
     def failed(self, tc: config.TypeConf, exc: BaseException, cause: BaseException | None = None) -> NoReturn:
         """The attempt failed with ``exc``: retried (retry.lua, raises ``Retry``) or dead by its policy."""

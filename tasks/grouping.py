@@ -9,12 +9,17 @@ named on ``HandlerTask``) and goes to the process's :class:`Runner`, whose
 run threads share the work (no claimer or finisher thread: each hop between
 threads was a wake-up under a busy scheduler, four per task):
 
+- the claim at the pop: while run threads wait for work, the transport's pop
+  (``pop_more.lua``) claims as many of this runner's messages as they can take
+  at once, each exactly as ``start.lua`` claims one, and holds their leases
+  (``LeaseBook.claimed_at_pop``); such a message goes straight to a waiting
+  thread (``_pop_claims``, ``item_of``): no claim call, no hop;
 - a thread that finds work and no Redis call in progress makes one call
   (``claim_group.lua``) that first finishes the successes gathered since the
   last call (each exactly as ``finish.lua`` finishes one) and then claims
-  every message delivered since (each exactly as ``start.lua`` claims one);
-  it runs the first claimed item itself and leaves the rest to the threads
-  waiting;
+  every message delivered unclaimed since (each exactly as ``start.lua``
+  claims one); it runs the first claimed item itself and leaves the rest to
+  the threads waiting;
 - each handler runs on a thread of its own, so a slow task never holds back
   the others claimed with it (a 20 ms and a 2 s handler finish at 20 ms and 2 s);
 - a success waits for the next call: the same thread makes it on its next
@@ -65,6 +70,7 @@ from lanes.histogram import bucket_label
 from lanes.lua.claim_group import FinishTerms, GroupItem, claim_group
 from lanes.lua.finish_batch import DoneItem, Latencies, count_batch, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
+from lanes.lua.pop_more import PopClaims
 from lanes.messages import Envelope
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
 from tasks import config, results, tracing
@@ -99,10 +105,12 @@ def strategy(task: Any, app: Any, consumer: Any, **kwargs: Any) -> Callable[...,
     if getattr(task, "batched", False) or not enabled(consumer):
         return fallback
     runner = Runner.of(consumer)
+    runner.handlers.add(task.name)  # its messages may be claimed at the pop
 
     def on_message(message: Any, body: Any, ack: Any, reject: Any, callbacks: Any, **kw: Any) -> Any:
-        item = runner.item_of(task, message, ack, reject) if not runner.stopping else None
-        if item is None:
+        item = runner.item_of(task, message, ack, reject)
+        # Stopping, a message not claimed yet takes Celery's path; one the pop claimed runs here.
+        if item is None or (runner.stopping and not item.claimed):
             return fallback(message, body, ack, reject, callbacks, **kw)
         runner.submit(item)
         return None
@@ -190,7 +198,11 @@ class Runner:
         self._in_flight = 0
         self._idle = threading.Condition(self._mutex)
         self._threads = 0
+        self._idle_threads = 0  # run threads waiting for work
         self._seq = 0
+        self._pop_seq = 0
+        #: The handlers whose messages this runner takes (their strategies are this module's).
+        self.handlers: set[str] = set()
         self.stuck = 0
         self.stopping = False
         controller = getattr(consumer, "controller", None)
@@ -199,6 +211,9 @@ class Runner:
         self._start("dispatch-watch", self._watch_forever)
         for _ in range(self.size):
             self._add_thread()
+        # Claims must reach the replicas before a run (DISPATCH_REPLICA_ACKS): there the run threads claim.
+        if settings.DISPATCH_CLAIM_AT_POP and settings.DISPATCH_REPLICA_ACKS <= 0:
+            leases.current().pop_claims = self._pop_claims
 
     @property
     def events(self) -> Any:
@@ -207,6 +222,21 @@ class Runner:
         return eventer if eventer is not None and eventer.enabled else None
 
     # -- taking messages -------------------------------------------------------
+    def _pop_claims(self) -> PopClaims | None:
+        """What the transport's next pop may claim (``pop_more.lua``): as many messages as run threads wait
+        for work, so that a message claimed at the pop runs at once (a message the threads cannot take yet
+        stays unclaimed: a cancel meanwhile still drops it, and it counts as waiting). The event loop's
+        thread calls it; the counts are read without the lock (a bound, never a promise: a claimed message
+        that waits for a thread keeps its lease, renewed by the book, and its deadline is checked when it
+        begins)."""
+        if self.stopping:
+            return None
+        room = self._idle_threads - len(self._ready) - len(self._fresh)
+        if room <= 0 or not self.handlers:
+            return None
+        self._pop_seq += 1
+        return PopClaims(room, self.handlers, f"{leases.process_id()}:p{self._pop_seq}.")
+
     def item_of(self, task: Any, message: Any, ack: Any, reject: Any) -> Item | None:
         """The message as an item, or None for Celery's own path (not a leased platform message, or malformed)."""
         try:
@@ -234,7 +264,12 @@ class Runner:
             timelimit=None, retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
         )
         attempt = Attempt(task, env, kwargs["payload"], task_id=task_id, request=request)
-        return Item(attempt, message, ack, reject, headers.get("shadow") or task.name)
+        item = Item(attempt, message, ack, reject, headers.get("shadow") or task.name)
+        popped = attempt.book.take_claimed_at_pop(attempt.record)
+        if popped is not None:  # claimed at the pop, its lease held (lanes.transport): it runs as claimed
+            item.claimed, item.held = True, True
+            item.version = attempt.claimed_at_pop(popped.owner, popped.config_version, time.time())
+        return item
 
     def submit(self, item: Item) -> None:
         try:
@@ -243,7 +278,7 @@ class Runner:
             logger.warning("received_event_not_sent task=%s", item.attempt.task_id, exc_info=True)
         with self._work:
             self._in_flight += 1
-            self._fresh.append(item)
+            (self._ready if item.claimed else self._fresh).append(item)
             self._work.notify()
 
     def _received(self, item: Item) -> None:
@@ -358,7 +393,9 @@ class Runner:
                             fresh.append(self._fresh.popleft())
                         done, self._pending[:GROUP_MAX] = self._pending[:GROUP_MAX], []
                         break
+                    self._idle_threads += 1
                     self._work.wait()
+                    self._idle_threads -= 1
             if item is None:
                 self._step(fresh, done)
             else:

@@ -1,5 +1,6 @@
--- _claim.lua: claim one task's attempt (claim_record), included by start.lua (one task a call)
--- and claim_group.lua (a worker's group of plain tasks a call).
+-- _claim.lua: claim one task's attempt (claim_record), included by start.lua (one task a call),
+-- claim_group.lua (a worker's group of plain tasks a call) and pop_more.lua (plain tasks claimed
+-- as they are popped).
 --
 -- ``c`` holds the call's constants: leases, config (the config version key), deadlines
 -- (the waiting tasks' deadlines set), procs (live processes), held (the claiming
@@ -8,8 +9,12 @@
 -- Returns the reply as values: 'run', deliveries | 'finished', 'done|<result>' or
 -- 'dead|null' or 'cancelled|<detail JSON>' | 'gone' | 'stale' | 'busy', owner
 -- | 'nothead' | 'poison', deliveries.
-local function claim_record(c, record, task_id, attempt, owner, dead_owner, chat_queue, tombstone)
-  local f = redis.call('HMGET', record, 'st', 'att', 'own', 'chat', 'res', 'lane', 'dlv')
+
+-- The record's fields a claim reads, in claim_fields' order (pop_more.lua reads them with the message).
+local CLAIM_READ = {'st', 'att', 'own', 'chat', 'res', 'lane', 'dlv'}
+
+-- claim_record's decision and writes on the fields it read (``f``: CLAIM_READ's values, in order).
+local function claim_fields(c, record, f, task_id, attempt, owner, dead_owner, chat_queue, tombstone)
   local st = f[1]
   if not st then
     local tomb = redis.call('GET', tombstone)
@@ -49,6 +54,11 @@ local function claim_record(c, record, task_id, attempt, owner, dead_owner, chat
   c.claimed[#c.claimed + 1] = record
   c.seen[record] = owner
   return 'run', dlv
+end
+
+local function claim_record(c, record, task_id, attempt, owner, dead_owner, chat_queue, tombstone)
+  return claim_fields(c, record, redis.call('HMGET', record, unpack(CLAIM_READ)), task_id, attempt, owner,
+    dead_owner, chat_queue, tombstone)
 end
 
 -- The writes every claim of a call shares, once: out of the deadlines set and each lane's waiting

@@ -17,7 +17,7 @@
 -- Doorbells (lanes/transport.py, docs/liveness.md). A worker blocks on its lanes'
 -- doorbells, never on their lists, and takes messages with pop_more.lua, which
 -- names each one's record in the worker's in-hand set in the same call. So every
--- push onto a lane list rings the lane's doorbell (admission's: onto an empty one, rings_for):
+-- push onto an empty lane list rings the lane's doorbell (rings_for):
 -- a list beside the lane's lists
 -- (lanes.keys.lane_doorbell: the lane's name, which has no ':', and ':bell')
 -- holding at most one token, the bits of the lane lists pushed since it was rung
@@ -43,7 +43,7 @@ local function ring(bell, bits)
   if merged ~= had then redis.call('LSET', bell, 0, merged) end
 end
 
--- Whether admission's push of ``pushed`` messages, after which the list holds ``length``, must
+-- Whether a push of ``pushed`` messages (admission's, or publish_record's), after which the list holds ``length``, must
 -- ring: only onto a list that was empty. A list that held messages was rung when its oldest
 -- arrived, and until it is empty a token or a pop names it: the token holds its bit until a
 -- worker takes it, that worker's pop_more empties the list or rings again for what it left
@@ -76,8 +76,9 @@ local function publish_record(record, leases_key, lease_until, state)
   local queue = redis.call('HGET', record, 'q')
   if not queue then return false end
   local pub = redis.call('HINCRBY', record, 'pub', 1)
-  redis.call('LPUSH', queue, list_item(record, pub))
-  ring(bell_of(queue), bell_bit(queue))
+  if rings_for(redis.call('LPUSH', queue, list_item(record, pub)), 1) then
+    ring(bell_of(queue), bell_bit(queue))
+  end
   redis.call('HSET', record, 'st', state or 'queued', 'own', '')
   redis.call('ZADD', leases_key, lease_until, record)
   return true

@@ -6,12 +6,29 @@
 -- list or named in its set, where reclaim.lua finds it (docs/liveness.md).
 --
 -- KEYS: in_hand (the process's in-hand set), procs (live processes, zset), bell
---   (the lane's doorbell, lanes.keys.lane_doorbell), then the lane's lists (list
+--   (the lane's doorbell, lanes.keys.lane_doorbell), held (the process's held set),
+--   leases, config_version, deadlines (as start.lua's), then the lane's lists (list
 --   p holding kombu priority p)
 -- ARGV: want (most items to take), register (the process's entry for procs, ''
 --   once it has one), register_ms (its expiry, written if it has none yet), bits
 --   (the lists to look at: the doorbell token's bits, bit p: list p, as _lib.lua's
---   ring writes them; '' for every list: the worker's poll)
+--   ring writes them; '' for every list: the worker's poll), then the claim at the
+--   pop: claim_max (most items to claim; 0: none), handlers (the handlers whose
+--   messages may be claimed, each between newlines), owner_prefix (item i claimed
+--   is owned by owner_prefix .. i), now_ms, lease_ms, max_deliveries, lane_prefix,
+--   chat_prefix
+--
+-- The claim at the pop (tasks/grouping.py): a worker whose run threads are idle has
+-- up to claim_max of the records it pops claimed here, each exactly as start.lua
+-- claims one (claim_fields, _claim.lua, on the fields read with the message: one
+-- HMGET for both), their writes once per call (claim_flush: leases, deadlines and
+-- waiting count, held set), so the worker skips the claim's round trip. Only a
+-- message that the claim would run is taken so: a 'queued' record of a handler named
+-- in handlers, under its delivery cap, and its chat's head; any other (a batched
+-- handler's, a chat-blocked one, past the cap, beyond claim_max) is delivered as
+-- before, named in the in-hand set, and claimed (or refused) by the worker's own call.
+-- A claimed record is named in the held set, not the in-hand set: reclaim.lua hands
+-- it on if the process dies before it runs, as any claim (docs/liveness.md).
 --
 -- A lane list's item names a record (``<record>#<publish>``, _lib.lua's
 -- publish_record): the message is the record's ``msg`` (lanes/messages.py's
@@ -32,13 +49,36 @@
 -- room and may have left items behind rings the doorbell again (the lists it did
 -- not finish), so another idle worker wakes (chain wake).
 --
--- Returns, per message: its text, its record ('' for none), its delivery tag ('': a
--- whole message, which carries its own), then the next message's three.
+-- Returns the config version ('' when nothing was claimed), then per message: its text, its
+-- record ('' for none), its delivery tag ('': a whole message, which carries its own), its
+-- claim's owner ('' when not claimed here), then the next message's four.
 
-local in_hand, procs, bell = KEYS[1], KEYS[2], KEYS[3]
+local in_hand, procs, bell, held, leases, config_version, deadlines = unpack(KEYS, 1, 7)
 local want, register, register_ms, bits_arg = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
-local lane_lists = {unpack(KEYS, 4)}
+local claim_max, handlers, owner_prefix, now_ms, lease_ms, max_deliveries, lane_prefix, chat_prefix =
+  tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local lane_lists = {unpack(KEYS, 8)}
 local lists = #lane_lists
+
+--! include _claim.lua
+
+local c = {
+  leases = leases, deadlines = deadlines, procs = procs, held = held, now = tonumber(now_ms),
+  lease_ms = tonumber(lease_ms), max_dlv = tonumber(max_deliveries), process = '',
+  liveness_ms = 0, lane_prefix = lane_prefix,  -- the pop registers the process itself (register)
+  leased = {}, claimed = {}, seen = {}, by_lane = {}, lanes = {},
+}
+local READ = {unpack(CLAIM_READ)}
+READ[#READ + 1] = 'msg'
+READ[#READ + 1] = 'pub'
+local MSG, PUB = #CLAIM_READ + 1, #CLAIM_READ + 2
+
+-- Whether this worker's run threads take ``msg`` claimed (its handler, from the stored message's
+-- first line: lanes/messages.py's build_message).
+local function claimable(msg)
+  local handler = string.match(msg, '^%["([^"\\]*)"')
+  return handler ~= nil and string.find(handlers, '\n' .. handler .. '\n', 1, true) ~= nil
+end
 
 -- The record key of a whole message as a JSON string: a plain one read as it is, one
 -- holding an escape (a chat id with '"' or '\') up to its first unescaped quote and
@@ -63,7 +103,7 @@ end
 local bits = tonumber(bits_arg) or bit.lshift(1, lists) - 1
 local left = lists  -- lists known to hold something not met yet (all: the token says nothing more)
 if bits_arg == '' then left = redis.call('EXISTS', unpack(lane_lists)) end
-local out, records, n = {}, {}, 0
+local out, records, n = {''}, {}, 0
 local behind = 0  -- bits of the lists that may still hold messages when the room is full
 for p = 0, lists - 1 do
   local bit_p = bit.lshift(1, p)
@@ -86,14 +126,25 @@ for p = 0, lists - 1 do
             out[#out + 1] = item
             out[#out + 1] = named
             out[#out + 1] = ''
+            out[#out + 1] = ''
           else
-            local f = redis.call('HMGET', record, 'msg', 'pub')
-            if f[1] and f[2] == pub then
-              records[#records + 1] = record
+            local f = redis.call('HMGET', record, unpack(READ))
+            if f[MSG] and f[PUB] == pub then
+              local task_id = string.match(record, '([^:]+)$')
+              local owner = ''
+              if #c.claimed < claim_max and f[1] == 'queued' and tonumber(f[7] or '0') < c.max_dlv
+                  and claimable(f[MSG]) then
+                local chat_queue = ''
+                if f[4] and f[4] ~= '' then chat_queue = chat_prefix .. '{' .. f[4] .. '}' .. CHAT_QUEUE_SUFFIX end
+                owner = owner_prefix .. (#c.claimed + 1)
+                if claim_fields(c, record, f, task_id, f[2], owner, '', chat_queue, '') ~= 'run' then owner = '' end
+              end
+              if owner == '' then records[#records + 1] = record end
               n = n + 1
-              out[#out + 1] = f[1]
+              out[#out + 1] = f[MSG]
               out[#out + 1] = record
-              out[#out + 1] = string.match(record, '([^:]+)$') .. '.' .. pub
+              out[#out + 1] = task_id .. '.' .. pub
+              out[#out + 1] = owner
             end
           end
         end
@@ -101,9 +152,11 @@ for p = 0, lists - 1 do
     end
   end
 end
-if #records > 0 then
-  redis.call('SADD', in_hand, unpack(records))
-  if register ~= '' then redis.call('ZADD', procs, 'NX', register_ms, register) end
+if #records > 0 then redis.call('SADD', in_hand, unpack(records)) end
+if #c.claimed > 0 then
+  claim_flush(c)
+  out[1] = redis.call('GET', config_version) or '0'
 end
+if register ~= '' and (#records > 0 or #c.claimed > 0) then redis.call('ZADD', procs, 'NX', register_ms, register) end
 if behind ~= 0 then ring(bell, behind) end
 return out

@@ -1,10 +1,12 @@
-"""``pop_more.lua``'s wrapper: a worker's pop of lane messages, each named in its in-hand set."""
+"""``pop_more.lua``'s wrapper: a worker's pop of lane messages, each named in its in-hand set (or claimed)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Collection, Sequence
 from typing import NamedTuple
 
+from django.conf import settings
 from redis import Redis
 
 from lanes import keys, leases
@@ -16,11 +18,24 @@ NAME = "pop_more"
 class Popped(NamedTuple):
     """One message the pop took: ``message`` is a record's stored message (``lanes.messages``) when
     ``tag`` is set, else a whole kombu message as it was pushed; ``record`` the record the call named
-    in this process's in-hand set ('' for none)."""
+    in this process's in-hand set ('' for none), or, when ``owner`` is set, the record it claimed for
+    ``owner`` (its attempt may run: ``start.lua``'s 'run'), with ``config_version`` then in force."""
 
     message: bytes
     record: str
     tag: str
+    owner: str = ""
+    config_version: str = ""
+
+
+class PopClaims(NamedTuple):
+    """What a pop may claim (the claim at the pop, ``pop_more.lua``'s header): at most ``room`` messages of
+    ``handlers``, owned ``<owner_prefix><n>`` (n from 1; the prefix starts with the process id and a colon,
+    as every owner's, ``reclaim.lua``)."""
+
+    room: int
+    handlers: Collection[str]
+    owner_prefix: str
 
 
 def _text(value: bytes | str) -> str:
@@ -28,13 +43,27 @@ def _text(value: bytes | str) -> str:
 
 
 def pop_more(client: Redis, lane: str, lists: Sequence[str], room: int, bits: int | None = None, *,
-             book: leases.LeaseBook | None = None) -> list[Popped]:
+             book: leases.LeaseBook | None = None, claims: PopClaims | None = None) -> list[Popped]:
     """Up to ``room`` messages of ``lane`` from ``lists`` (its lists, kombu priority 0 first), on
     ``client`` (the broker channel's), for the lease ``book`` (the channel's; else the process's).
-    ``bits``: the lists a doorbell token names (bit p: ``lists[p]``); None: every list."""
+    ``bits``: the lists a doorbell token names (bit p: ``lists[p]``); None: every list. ``claims``: what
+    the call may claim as it pops (None: nothing)."""
     me = leases.process_id()
     register = "" if (book or leases.current()).registered() else me
-    popped = script(NAME)(keys=[keys.process_in_hand(me), keys.PROCS, keys.lane_doorbell(lane), *lists],
-                          args=[room, register, leases.liveness_expiry_ms(), "" if bits is None else bits],
-                          client=client)
-    return [Popped(popped[i], _text(popped[i + 1]), _text(popped[i + 2])) for i in range(0, len(popped), 3)]
+    claim_max, handlers, owner_prefix = 0, "", ""
+    if claims is not None and claims.room > 0 and claims.handlers:
+        claim_max, owner_prefix = claims.room, claims.owner_prefix
+        handlers = "\n" + "\n".join(claims.handlers) + "\n"
+    popped = script(NAME)(
+        keys=[keys.process_in_hand(me), keys.PROCS, keys.lane_doorbell(lane), keys.process_held(me), keys.LEASES,
+              keys.CONFIG_VERSION, keys.DEADLINES, *lists],
+        args=[room, register, leases.liveness_expiry_ms(), "" if bits is None else bits, claim_max, handlers,
+              owner_prefix, int(time.time() * 1000), int(settings.DISPATCH_LEASE_S * 1000),
+              settings.DISPATCH_MAX_DELIVERIES, keys.LANE_PREFIX, keys.CHAT_PREFIX],
+        client=client)
+    version = _text(popped[0])
+    out = []
+    for i in range(1, len(popped), 4):
+        owner = _text(popped[i + 3])
+        out.append(Popped(popped[i], _text(popped[i + 1]), _text(popped[i + 2]), owner, version if owner else ""))
+    return out

@@ -224,3 +224,38 @@ def test_a_push_onto_a_lane_list_that_holds_messages_does_not_ring(rc):
         assert [name for name in run if name not in estimate] == ["GET", "INCR", "HSET", "ZADD", "LPUSH", "ZADD"], run
     assert _bell_bits(rc, lane) == [1 << to_kombu(results[0].priority)]
     rc.delete(*lists, keys.lane_doorbell(lane), keys.lane_consumers(lane))
+
+
+def test_a_promoted_task_rings_only_onto_an_empty_list(rc):
+    """publish_record (promote, hand-over, sweep, reclaim) rings by the same rule as admission: a task
+    sent for later and now due is pushed without touching the doorbell when its list holds messages,
+    and rings when its list was empty."""
+    from tasks.maintenance import promote_due
+
+    lane, type_name = unique("bellpromote"), unique("bellpromote-echo")
+    define(type_name, lane=lane)
+    lists = set(keys.lane_queues(lane))
+    bell = keys.lane_doorbell(lane)
+
+    def promote_runs() -> list[list[str]]:
+        with Monitor(rc) as monitor:
+            assert promote_due([lane]) == 1
+        return [run for run in _script_runs(monitor.seen)
+                if any(c.split(" ")[0].upper() == "LPUSH" and set(c.split(" ")[1:2]) & lists for c in run)]
+
+    later = dispatch.delay(type_name, {"later": 1}, countdown=0.05)
+    assert later.accepted and rc.llen(bell) == 0
+    time.sleep(0.1)
+    runs = promote_runs()
+    assert len(runs) == 1 and any(c.split(" ")[0].upper() == "LINDEX" and bell in c for c in runs[0]), runs
+    assert rc.llen(bell) == 1  # onto an empty list: rung
+
+    assert dispatch.delay(type_name, {"now": 1}).accepted  # the list holds messages now
+    later = dispatch.delay(type_name, {"later": 2}, countdown=0.05)
+    assert later.accepted
+    rc.delete(bell)
+    time.sleep(0.1)
+    runs = promote_runs()
+    assert len(runs) == 1 and not any(bell in c for c in runs[0]), runs  # no LINDEX, no LPUSH of a token
+    assert rc.llen(bell) == 0
+    rc.delete(*lists, bell)
