@@ -134,8 +134,11 @@ class Worker:
         destination = [f"{self.name}@{self.host or socket.gethostname()}"]
         deadline = time.monotonic() + timeout
         while self.alive() and time.monotonic() < deadline:
-            inspect = current_app.control.inspect(destination=destination, timeout=2.0, limit=1)
-            active, reserved = inspect.active(), inspect.reserved()
+            try:
+                inspect = current_app.control.inspect(destination=destination, timeout=2.0, limit=1)
+                active, reserved = inspect.active(), inspect.reserved()
+            except Exception:  # noqa: BLE001 - remote control unreachable (a test restarted Redis): kill now
+                break
             if active and reserved and not any(active.values()) and not any(reserved.values()):
                 break
             time.sleep(0.2)
