@@ -101,7 +101,7 @@ def tmp_root() -> Path:
 @pytest.fixture
 def start_worker(tmp_root):
     """Start real Celery workers; all are stopped when the test ends."""
-    from tests.support.workers import Worker
+    from tests.support.workers import Worker, start_all
 
     started = []
 
@@ -110,6 +110,13 @@ def start_worker(tmp_root):
         started.append(worker)
         return worker
 
+    def many(count: int, queues: str, **kwargs):
+        """``count`` workers alike, started at once."""
+        workers = [Worker(queues, tmp_root / "logs", **kwargs) for _ in range(count)]
+        started.extend(workers)
+        return start_all(workers)
+
+    start.many = many
     yield start
     # Done with when the test ends: killed, not stopped (a prefork worker's warm shutdown spends 2-3 s
     # in billiard's joins: about two minutes of the suite), then what a warm shutdown clears at once
@@ -118,7 +125,11 @@ def start_worker(tmp_root):
     for worker in started:
         worker.discard()
     _clear_heartbeats(started)
-    for worker in started:
+    _keep_logs(started)
+
+
+def _keep_logs(workers) -> None:
+    for worker in workers:
         log = worker.log_path
         if log.exists():
             ARTIFACTS.mkdir(exist_ok=True)
@@ -139,6 +150,36 @@ def _clear_heartbeats(workers) -> None:
             pass
 
 
+@pytest.fixture(scope="module")
+def module_workers(tmp_root):
+    """``start_worker`` for a whole module: each worker started once for the module's tests (about 1.3 s a
+    start, and a new worker's first task is slower still), each test on its own lanes. Killed at the
+    module's end, like ``start_worker``'s: what they still held is on lanes no later test uses."""
+    from tests.support.workers import Worker
+
+    started = []
+
+    def start(queues: str, **kwargs):
+        worker = Worker(queues, tmp_root / "logs", **kwargs).start()
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        worker.discard()
+    _clear_heartbeats(started)
+    _keep_logs(started)
+
+
+@pytest.fixture(scope="module")
+def shared_worker(request, module_workers):
+    """One worker serving every lane of the module's ``SHARED_LANES`` (a dict of unique names made at
+    import, one a test), with the module's ``SHARED_WORKER`` options. A test that kills, stops or
+    reconfigures a worker, or needs its tasks to wait for a worker's start, starts its own."""
+    return module_workers(",".join(request.module.SHARED_LANES.values()),
+                          **getattr(request.module, "SHARED_WORKER", {}))
+
+
 @pytest.fixture
 def sink():
     from tests.support.http_sink import SinkServer
@@ -157,7 +198,8 @@ def lane_worker(tmp_root):
 
     worker = Worker(TEST_LANES, tmp_root / "logs", concurrency=2).start()
     yield worker
-    worker.stop(timeout=20)
+    worker.retire()  # the next module uses the common lanes too: nothing left running on them
+    _clear_heartbeats([worker])
 
 
 @pytest.fixture

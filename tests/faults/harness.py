@@ -30,7 +30,7 @@ import redis
 from lanes import keys
 from tests.support.helpers import define, unique
 from tests.support.redis_server import RedisServer
-from tests.support.workers import ROOT, Worker
+from tests.support.workers import ROOT, Worker, start_all
 from tools.loadcheck import Delivery, Op, Report, check
 
 LONG = os.environ.get("FAULTS_LONG") == "1"
@@ -212,10 +212,16 @@ class FaultCluster:
                extra: list[str] | None = None, host: str | None = None) -> Worker:
         """Start a worker; ``host`` puts it on a simulated host (its node name and owner ids say
         ``host``, and its processes vouch only for processes of that host)."""
-        worker = Worker(queues, self.dir / "logs", pool=pool, concurrency=concurrency,
-                        env={**self.env, **(env or {})}, extra=extra, host=host)
-        self.workers.append(worker)
-        return worker.start()
+        return self.workers_at_once(queues, [{"pool": pool, "concurrency": concurrency, "env": env, "extra": extra,
+                                              "host": host}])[0]
+
+    def workers_at_once(self, queues: str, specs: list[dict]) -> list[Worker]:
+        """Start one worker per spec (``worker``'s keyword arguments), all at once; each ready on return."""
+        made = [Worker(queues, self.dir / "logs", pool=spec.get("pool", "prefork"),
+                       concurrency=spec.get("concurrency", 2), env={**self.env, **(spec.get("env") or {})},
+                       extra=spec.get("extra"), host=spec.get("host")) for spec in specs]
+        self.workers.extend(made)
+        return start_all(made)
 
     def load(self, spec: dict) -> LoadRun:
         run = LoadRun(self, spec)

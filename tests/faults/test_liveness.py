@@ -59,8 +59,8 @@ def test_l1_main_process_killed_holding_popped_messages(cluster_factory, record)
     lane = unique("fl-lv-main")
     name = cluster.http_type(lane)
     cluster.sink.sink.behaviour.delay_s = (0.15, 0.3)
-    victim = cluster.worker(lane, concurrency=1, host="hostA")  # one slot, four prefetched
-    cluster.worker(lane, concurrency=2, host="hostB")
+    victim, _ = cluster.workers_at_once(lane, [{"concurrency": 1, "host": "hostA"},  # one slot, four prefetched
+                                                {"concurrency": 2, "host": "hostB"}])
     duration = pick(LOAD_S, 60)
     load = cluster.constant_load(name, rate=pick(12, 16), duration=duration, chats=pick(20, 40))
     kills = 0
@@ -91,8 +91,8 @@ def test_l2_pool_child_killed_mid_task(cluster_factory, record):
     lane = unique("fl-lv-child")
     name = cluster.http_type(lane)
     cluster.sink.sink.behaviour.delay_s = (0.2, 0.6)
-    victim = cluster.worker(lane, concurrency=2, host="hostA")
-    cluster.worker(lane, concurrency=2, host="hostB")
+    victim, _ = cluster.workers_at_once(lane, [{"concurrency": 2, "host": "hostA"},
+                                                {"concurrency": 2, "host": "hostB"}])
     duration = pick(LOAD_S, 60)
     load = cluster.constant_load(name, rate=pick(8, 12), duration=duration, chats=pick(20, 40))
     kills = 0
@@ -126,9 +126,9 @@ def test_l3_whole_host_killed(cluster_factory, record):
     lane = unique("fl-lv-host")
     name = cluster.http_type(lane)
     cluster.sink.sink.behaviour.delay_s = (0.05, 0.3)
-    cluster.worker(lane, concurrency=2, host="hostA")
-    cluster.worker(lane, pool="threads", concurrency=2, host="hostA")
-    cluster.worker(lane, concurrency=2, host="hostB")
+    cluster.workers_at_once(lane, [{"concurrency": 2, "host": "hostA"},
+                                   {"pool": "threads", "concurrency": 2, "host": "hostA"},
+                                   {"concurrency": 2, "host": "hostB"}])
     duration = pick(LOAD_S, 60)
     load = cluster.constant_load(name, rate=pick(12, 20), duration=duration, chats=pick(24, 48))
     time.sleep(duration / 3)

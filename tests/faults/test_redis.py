@@ -83,7 +83,7 @@ def test_03_sigkill_redis_and_restart_from_the_aof(cluster_factory, record):
     lane = unique("fl-aof")
     name = cluster.http_type(lane)
     cluster.sink.sink.behaviour.delay_s = (0.005, 0.03)
-    workers = [cluster.worker(lane, concurrency=2), cluster.worker(lane, pool="threads", concurrency=4)]
+    workers = cluster.workers_at_once(lane, [{"concurrency": 2}, {"pool": "threads", "concurrency": 4}])
     pids = [w.pid for w in workers]
 
     load, _ = _kill_restart_phase(cluster, name, lane, fsync="always")
@@ -138,7 +138,7 @@ def test_04_sigstop_redis_then_sigcont(cluster_factory, record):
     lane = unique("fl-stop")
     name = cluster.http_type(lane)
     cluster.sink.sink.behaviour.delay_s = (0.005, 0.03)
-    workers = [cluster.worker(lane, concurrency=2), cluster.worker(lane, pool="threads", concurrency=4)]
+    workers = cluster.workers_at_once(lane, [{"concurrency": 2}, {"pool": "threads", "concurrency": 4}])
     pids = [w.pid for w in workers]
     pause = pick(10.0, 20.0)
     before, after = pick(4, 15), pick(6, 15)
@@ -245,7 +245,7 @@ def test_04d_an_outcome_that_met_a_frozen_redis_is_recorded_once_redis_answers(c
     lane = unique("fl-outcome")
     name = cluster.http_type(lane)
     cluster.sink.sink.behaviour.delay_s = (0.8, 1.2)  # handlers are mid-effect when Redis freezes
-    workers = [cluster.worker(lane, concurrency=2), cluster.worker(lane, pool="threads", concurrency=2)]
+    workers = cluster.workers_at_once(lane, [{"concurrency": 2}, {"pool": "threads", "concurrency": 2}])
     load = cluster.constant_load(name, rate=4, duration=8, chats=4)  # the freeze ends at 7.5 s
     time.sleep(3.5)
     cluster.redis_pause()

@@ -107,8 +107,7 @@ def test_a_chat_never_has_two_items_in_flight_and_keeps_its_order(start_worker, 
     for seq in range(per_chat):
         for c in range(chats):
             assert admit(name, {"seq": seq, "sink_delay_s": 0.002}, chat_id=f"c{c}").accepted
-    for _ in range(2):
-        start_worker(lane, pool="threads", concurrency=3)
+    start_worker.many(2, lane, pool="threads", concurrency=3)
     wait_until(lambda: sum(len(v) for v in sink.sink.order.values()) >= chats * per_chat, timeout=120,
                what="every message applied")
     assert not sink.sink.overlaps

@@ -65,7 +65,7 @@ def test_dead_lettered_task_exits_3(types):
 
 def test_wait_timeout_exits_4_saying_the_task_runs(types):
     """Past --wait-timeout a running task has no result row: the record says it runs (not PENDING)."""
-    done = manage("dispatch", types["echo"], "--payload", '{"sleep": 10}', "--wait", "--wait-timeout", "4")
+    done = manage("dispatch", types["echo"], "--payload", '{"sleep": 7}', "--wait", "--wait-timeout", "4")
     assert done.returncode == 4, (done.stdout, done.stderr)
     out = json.loads(done.stdout)
     assert out["state"] == "STARTED" and out["record_state"] == "running", out
@@ -123,6 +123,6 @@ def test_result_get_raises_dead_lettered_and_celery_timeout(types):
     dead = dispatch.delay(types["flaky"], {"fail": "fatal"})
     with pytest.raises(DeadLettered, match="non_retryable"):
         dead.get(timeout=60)
-    slow = dispatch.delay(types["echo"], {"sleep": 5})
+    slow = dispatch.delay(types["echo"], {"sleep": 2})
     with pytest.raises(CeleryTimeoutError):
         slow.get(timeout=0.3)

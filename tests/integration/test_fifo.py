@@ -53,7 +53,7 @@ def test_order_under_stress_many_chats_two_workers(start_worker, sink, rc):
            policy={"max_retries": 10, "initial_backoff": 0.05, "multiplier": 2.0, "max_backoff": 0.5})
     sink.sink.behaviour.delay_s = (0.0, 0.02)
     sink.sink.behaviour.fail_fraction_first = 0.10
-    workers = [start_worker(lane, pool="threads", concurrency=6) for _ in range(2)]
+    workers = start_worker.many(2, lane, pool="threads", concurrency=6)
     chats, per_chat = 80, 20
     accepted: dict[str, list[str]] = {}
 
@@ -250,11 +250,16 @@ def test_duplicate_delivery_of_a_finished_task_is_dropped_and_acked(start_worker
     assert rc.hlen("unacked") == 0  # and acknowledged, not left for redelivery
 
 
-@pytest.mark.parametrize("bad_chat", ["{brace}", "a}b{c", "ümlaut-чат", "x" * 128])
-def test_unusual_chat_ids_keep_fifo_and_leave_no_keys(start_worker, sink, rc, bad_chat):
-    name, lane = unique("odd"), unique("l-odd")
+BAD_CHATS = ["{brace}", "a}b{c", "ümlaut-чат", "x" * 128]
+#: One lane per odd chat id, all served by one worker (``shared_worker``).
+SHARED_LANES = {chat: unique("l-odd") for chat in BAD_CHATS}
+SHARED_WORKER = {"pool": "threads", "concurrency": 4}
+
+
+@pytest.mark.parametrize("bad_chat", BAD_CHATS)
+def test_unusual_chat_ids_keep_fifo_and_leave_no_keys(shared_worker, sink, rc, bad_chat):
+    name, lane = unique("odd"), SHARED_LANES[bad_chat]
     define(name, handler="http.post", lane=lane, chat_scoped=True, options={"url": sink.url})
-    start_worker(lane, pool="threads", concurrency=4)
     for i in range(5):
         assert dispatch.delay(name, {"seq": i}, chat_id=bad_chat).accepted
     wait_until(lambda: sink.sink.order.get(bad_chat) == [0, 1, 2, 3, 4], timeout=30, what="odd chat done")

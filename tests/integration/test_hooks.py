@@ -37,7 +37,7 @@ def hook_lane(tmp_root):
     lane = unique("hooks")
     worker = Worker(lane, tmp_root / "logs", concurrency=2, env=HOOK_ENV).start()
     yield lane, worker
-    worker.stop(timeout=20)
+    worker.retire()
 
 
 def _events(rc, type_name: str, count: int) -> list[dict]:

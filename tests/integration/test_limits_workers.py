@@ -55,8 +55,7 @@ def test_a_global_rate_holds_across_two_workers(start_worker, sink, rc):
     rate, burst, n = 20, 20, 240
     lim = make_limit(scope="global", rate=rate, burst=burst)
     name = limited_http_type(sink, lane, [lim])
-    for _ in range(2):
-        start_worker(lane, pool="threads", concurrency=6)
+    start_worker.many(2, lane, pool="threads", concurrency=6)
     ids = [admit(name, {"n": i}).task_id for i in range(n)]
     assert all(ids)
     wait_until(lambda: len(sink.sink.applied) >= n, timeout=60, what="every task applied")

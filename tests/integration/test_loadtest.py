@@ -29,7 +29,7 @@ def load_worker(tmp_root):
 
     worker = Worker(LANE, tmp_root / "logs", pool="threads", concurrency=8).start()
     yield worker
-    worker.stop(timeout=20)
+    worker.retire()
 
 
 def _sink_type() -> str:
@@ -91,7 +91,7 @@ def batch_worker(tmp_root):
 
     worker = Worker(BATCH_LANE, tmp_root / "logs", pool="threads", concurrency=2).start()
     yield worker
-    worker.stop(timeout=20)
+    worker.retire()
 
 
 def test_a_batched_run_is_verified_clean_in_far_fewer_handler_calls(batch_worker):

@@ -53,7 +53,7 @@ def test_dispatch_results_and_dead_letters_on_postgres(tmp_root):
             # leftovers in the shared Redis, and records them in this database.
             assert [r["reason"] for r in rows if r["type"].startswith("pg.")] == ["non_retryable"]
         finally:
-            worker.stop()
+            worker.retire()
         # The raw result upsert on PostgreSQL: overwrite, and one id twice in one statement.
         row = "{'task_id': 'pg-upsert', 'status': %r, 'result': %r, 'content_type': 'application/json', " \
               "'content_encoding': 'utf-8'}"

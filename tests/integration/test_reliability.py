@@ -19,20 +19,25 @@ from tasks.models import DeadLetter
 from tasks.retry import Backoff, delay_bounds_s
 from tests.support.helpers import define, lane_depth, unique, wait_until
 
+#: One lane each for the tests that share a worker (``shared_worker``): the others start their own,
+#: to kill it, give it other settings or start it only after their tasks waited.
+SHARED_LANES = {key: unique(f"l-{key}") for key in (
+    "twice", "exhaust", "cli", "overrun", "shortdl", "poison", "contain", "malformed")}
+SHARED_WORKER = {"concurrency": 2}
+
 
 def dead_letter(task_id: str, timeout: float = 30) -> DeadLetter:
     return wait_until(lambda: DeadLetter.objects.filter(task_id=task_id).first(), timeout=timeout,
                       what=f"dead letter of {task_id}")
 
 
-def test_fails_twice_then_succeeds_with_delays_from_the_policy(start_worker, sink):
+def test_fails_twice_then_succeeds_with_delays_from_the_policy(shared_worker, sink):
     from django_celery_results.models import TaskResult
 
-    name, lane = unique("twice"), unique("l-twice")
+    name, lane = unique("twice"), SHARED_LANES["twice"]
     policy = {"max_retries": 5, "initial_backoff": 0.5, "multiplier": 2.0, "max_backoff": 5.0, "jitter": 0.2}
     define(name, handler="http.post", lane=lane, options={"url": sink.url}, policy=policy)
     sink.sink.behaviour.fail_first = 2
-    start_worker(lane, concurrency=1)
     result = dispatch.delay(name, {"x": 1})
     assert result.get(timeout=30) == {"status": 200}
     attempts = sink.sink.attempts
@@ -47,14 +52,13 @@ def test_fails_twice_then_succeeds_with_delays_from_the_policy(start_worker, sin
     assert TaskResult.objects.get(task_id=result.task_id).status == "SUCCESS"
 
 
-def test_exhaustion_makes_one_dead_letter_and_requeue_needs_the_permission(start_worker, sink):
+def test_exhaustion_makes_one_dead_letter_and_requeue_needs_the_permission(shared_worker, sink):
     from django_celery_results.models import TaskResult
 
-    name, lane = unique("exhaust"), unique("l-exhaust")
+    name, lane = unique("exhaust"), SHARED_LANES["exhaust"]
     define(name, handler="http.post", lane=lane, options={"url": sink.url},
            policy={"max_retries": 2, "initial_backoff": 0.05, "jitter": 0.0})
     sink.sink.behaviour.always_status = 503
-    start_worker(lane, concurrency=1)
     result = dispatch.delay(name, {"order": 42}, idempotency_key=unique("k"), metadata={"trace": "t1"})
     with pytest.raises(Exception, match="exhausted"):
         result.get(timeout=30)
@@ -96,10 +100,9 @@ def test_exhaustion_makes_one_dead_letter_and_requeue_needs_the_permission(start
     assert page.status_code == 200 and b"RetryableError" in page.content
 
 
-def test_deadletters_command_lists_requeues_and_discards(start_worker):
-    name, lane = unique("cli"), unique("l-cli")
+def test_deadletters_command_lists_requeues_and_discards(shared_worker):
+    name, lane = unique("cli"), SHARED_LANES["cli"]
     define(name, handler="demo.flaky", lane=lane)
-    start_worker(lane, concurrency=1)
     doomed = [dispatch.delay(name, {"fail": "fatal", "n": i}) for i in range(2)]
     rows = [dead_letter(r.task_id) for r in doomed]
     out = io.StringIO()
@@ -150,22 +153,20 @@ def test_task_expiring_in_the_queue_never_runs(start_worker, sink):
     assert sink.sink.attempts == []
 
 
-def test_attempt_overrunning_its_limit_is_stopped_and_retried(start_worker):
-    name, lane = unique("overrun"), unique("l-overrun")
+def test_attempt_overrunning_its_limit_is_stopped_and_retried(shared_worker):
+    name, lane = unique("overrun"), SHARED_LANES["overrun"]
     define(name, handler="demo.flaky", lane=lane, attempt_timeout=1, timeout=60,
            policy={"max_retries": 1, "initial_backoff": 0.1, "jitter": 0.0})
-    start_worker(lane, concurrency=1)
     result = dispatch.delay(name, {"sleep": 30})
     row = dead_letter(result.task_id, timeout=40)
     assert row.reason == "exhausted" and row.attempts == 2
     assert row.error_class == "tasks.errors.AttemptTimeout"
 
 
-def test_deadline_shorter_than_attempt_timeout_bounds_the_attempt(start_worker):
-    name, lane = unique("shortdl"), unique("l-shortdl")
+def test_deadline_shorter_than_attempt_timeout_bounds_the_attempt(shared_worker):
+    name, lane = unique("shortdl"), SHARED_LANES["shortdl"]
     define(name, handler="demo.flaky", lane=lane, attempt_timeout=30, timeout=60,
            policy={"max_retries": 5, "initial_backoff": 0.1, "jitter": 0.0})
-    start_worker(lane, concurrency=1)
     result = dispatch.delay(name, {"sleep": 30}, timeout=2.0)
     row = dead_letter(result.task_id, timeout=20)
     assert row.reason == "expired" and row.attempts == 1
@@ -195,10 +196,10 @@ def test_whole_worker_killed_mid_task_is_redelivered_within_the_lease(start_work
         assert len({a.headers["Idempotency-Key"] for a in attempts}) == 1
 
 
-def test_poison_task_becomes_a_dead_letter_and_the_worker_keeps_serving(start_worker):
-    name, lane = unique("poison"), unique("l-poison")
+def test_poison_task_becomes_a_dead_letter_and_the_worker_keeps_serving(shared_worker):
+    name, lane = unique("poison"), SHARED_LANES["poison"]
     define(name, handler="demo.flaky", lane=lane)
-    worker = start_worker(lane, concurrency=1)
+    worker = shared_worker
     result = dispatch.delay(name, {"fail": "crash"})
     row = dead_letter(result.task_id, timeout=60)
     assert row.reason == "poison" and "died" in row.error_message
@@ -208,10 +209,10 @@ def test_poison_task_becomes_a_dead_letter_and_the_worker_keeps_serving(start_wo
     assert dispatch.delay(ok, {"fine": True}).get(timeout=20) == {"fine": True}
 
 
-def test_system_exit_and_unserializable_results_are_contained(start_worker):
-    name, lane = unique("contain"), unique("l-contain")
+def test_system_exit_and_unserializable_results_are_contained(shared_worker):
+    name, lane = unique("contain"), SHARED_LANES["contain"]
     define(name, handler="demo.flaky", lane=lane, policy={"max_retries": 1, "initial_backoff": 0.05})
-    worker = start_worker(lane, concurrency=1)
+    worker = shared_worker
     exiting = dispatch.delay(name, {"fail": "exit"})
     weird = dispatch.delay(name, {"fail": "unserializable"})
     assert dead_letter(exiting.task_id).reason == "exhausted"
@@ -221,12 +222,12 @@ def test_system_exit_and_unserializable_results_are_contained(start_worker):
     assert worker.alive()
 
 
-def test_malformed_messages_on_a_lane_are_recorded_not_run(start_worker, rc):
+def test_malformed_messages_on_a_lane_are_recorded_not_run(shared_worker, rc):
     from lanes.messages import Envelope, build_message, kombu_message
 
-    name, lane = unique("malformed"), unique("l-malformed")
+    name, lane = unique("malformed"), SHARED_LANES["malformed"]
     define(name, handler="demo.flaky", lane=lane)
-    worker = start_worker(lane, concurrency=1)
+    worker = shared_worker
     now = time.time()
     env = Envelope(type=name, lane=lane, priority=5, attempt=1, deadline=now + 60, dispatched_at=now)
 

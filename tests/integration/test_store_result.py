@@ -17,12 +17,23 @@ from tests.support.helpers import define, unique, wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.mark.parametrize("pool", ["threads", "prefork"])
-@pytest.mark.parametrize("mode", ["always", "failures", "never"])
-def test_a_type_keeps_the_rows_it_asks_for_and_get_works_in_every_mode(start_worker, rc, pool, mode):
-    lane, name = unique("sr"), unique(f"sr-{mode}")
+POOLS, MODES = ["threads", "prefork"], ["always", "failures", "never"]
+#: A lane per case; one worker per pool serves its three (``pool_lanes``).
+LANES = {(pool, mode): unique("sr") for pool in POOLS for mode in MODES}
+
+
+@pytest.fixture(scope="module")
+def pool_lanes(module_workers) -> dict:
+    for pool in POOLS:
+        module_workers(",".join(lane for (p, _), lane in LANES.items() if p == pool), pool=pool, concurrency=2)
+    return LANES
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_type_keeps_the_rows_it_asks_for_and_get_works_in_every_mode(pool_lanes, rc, pool, mode):
+    lane, name = pool_lanes[(pool, mode)], unique(f"sr-{mode}")
     define(name, lane=lane, handler="demo.flaky", store_result=mode, policy={"max_retries": 0})
-    start_worker(lane, pool=pool, concurrency=2)
     ok = [dispatch.delay(name, {"n": n}) for n in range(5)]
     bad = dispatch.delay(name, {"fail": "fatal"})
     assert [r.get(timeout=60) for r in ok] == [{"n": n} for n in range(5)]

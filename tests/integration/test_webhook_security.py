@@ -89,7 +89,7 @@ def net(tmp_root):
                 yield {"allowed": allowed, "unnamed": unnamed, "victim": victim, "worker": worker,
                        "allowed_url": f"http://localhost:{a_port}/hook", "huge_url": f"http://localhost:{h_port}/big"}
         finally:
-            worker.stop(timeout=20)
+            worker.retire()
             huge.shutdown()
             huge.server_close()
             victim.close()

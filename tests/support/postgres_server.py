@@ -10,6 +10,7 @@ import glob
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -71,8 +72,13 @@ class PostgresServer:
                 time.sleep(0.2)
 
     def stop(self) -> None:
+        """Fast shutdown (SIGINT to the postmaster itself, read from its pid file): a SIGTERM to
+        ``runuser`` is forwarded and then followed by runuser's own two-second grace before it exits."""
         if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
+            try:
+                os.kill(int((self.data_dir / "postmaster.pid").read_text().split()[0]), signal.SIGINT)
+            except (OSError, ValueError, IndexError):  # not written yet, or gone: runuser's own way
+                self.proc.terminate()
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
@@ -82,7 +88,6 @@ class PostgresServer:
 
 def main() -> None:
     import argparse
-    import signal
     import sys
 
     parser = argparse.ArgumentParser(description="A throwaway PostgreSQL on loopback until SIGTERM / Ctrl-C")
