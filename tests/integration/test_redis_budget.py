@@ -24,8 +24,10 @@ PLAIN_PATH_BUDGET = PLAIN_PATH_COMMANDS_BUDGET
 TASKS = 400
 #: Most HMGETs a task on the grouped path (threads): the pop's read, which claims it at the pop (pop_more.lua), and
 #: the finish's. A claim call of its own (claim_group.lua, start.lua) is one more: 3.0 a task before the claim at
-#: the pop, 2.0 since (the whole count swings by 2-3 with the host's background; this one does not).
-GROUPED_HMGET_PER_TASK = 2.3
+#: the pop, 2.0 since when the run threads keep up. A pop that carries more tasks than idle threads claims only
+#: what they will run; the rest take the grouped claim (2.6 seen in a whole fresh-clone suite). Below 3.0 still
+#: fails the code before; tests/integration/test_claim_at_pop.py counts the claim calls exactly.
+GROUPED_HMGET_PER_TASK = 2.85
 
 
 def commandstats(rc) -> dict[str, int]:

@@ -77,9 +77,23 @@ def _own_nodes(scope: ast.AST) -> list[ast.AST]:
     return nodes
 
 
+def _parse(source: str) -> ast.Module:
+    """ast.parse, again on CPython 3.11's spurious "AST constructor recursion depth mismatch": its AST
+    state is per interpreter, so another thread compiling at that moment (an import from source, with
+    PYTHONDONTWRITEBYTECODE) can trip it (a CPython 3.11 bug seen here once in a whole suite)."""
+    for _ in range(4):
+        try:
+            return ast.parse(source)
+        except SystemError as exc:
+            if "recursion depth mismatch" not in str(exc):
+                raise
+            error = exc
+    raise error
+
+
 def reply_indexing(source: str) -> list[int]:
     """Line numbers where ``source`` reads a wrapper's reply by position."""
-    tree = ast.parse(source)
+    tree = _parse(source)
     functions, modules = _wrapper_names(tree)
     if not functions and not modules:
         return []
