@@ -42,7 +42,7 @@ local function cancel_record(p, record, task_id)
   redis.call('HDEL', record, 'lw', 'ls')
   if st == 'queued' and f[8] then lim_release(record, f[8]) end
   if chat and chat ~= '' then
-    local tagged = p.chat_prefix .. '{' .. chat .. '}'
+    local tagged = chat_tag(p.chat_prefix, chat)
     local queue = tagged .. CHAT_QUEUE_SUFFIX
     if redis.call('LINDEX', queue, 0) == task_id then
       hand_over(queue, chat, tagged .. CHAT_RECORDS_SUFFIX, p.chats, p.leases, p.lease_until, p.chat_waiting_prefix)

@@ -12,10 +12,12 @@
 
 -- The record's fields a claim reads, in claim_fields' order (pop_more.lua reads them with the message).
 local CLAIM_READ = {'st', 'att', 'own', 'chat', 'res', 'lane', 'dlv'}
+-- Each one's place in it (claim_fields, and pop_more.lua's read of them).
+local CLAIM_ST, CLAIM_ATT, CLAIM_OWN, CLAIM_CHAT, CLAIM_RES, CLAIM_LANE, CLAIM_DLV = 1, 2, 3, 4, 5, 6, 7
 
 -- claim_record's decision and writes on the fields it read (``f``: CLAIM_READ's values, in order).
 local function claim_fields(c, record, f, task_id, attempt, owner, dead_owner, chat_queue, tombstone)
-  local st = f[1]
+  local st = f[CLAIM_ST]
   if not st then
     local tomb = redis.call('GET', tombstone)
     if tomb then return 'finished', tomb end
@@ -23,27 +25,27 @@ local function claim_fields(c, record, f, task_id, attempt, owner, dead_owner, c
   end
   if st == 'done' or st == 'dead' or st == 'cancelled' then
     -- Finished (or cancelled), not yet settled: its worker (or canceller) may have died before the result row.
-    return 'finished', st .. '|' .. (f[5] or 'null')
+    return 'finished', st .. '|' .. (f[CLAIM_RES] or 'null')
   end
   -- A task waiting on a limit, or for its due time, has no message out: a copy is an old one.
-  if st == 'limited' or st == 'scheduled' or tonumber(attempt) < tonumber(f[2]) then return 'stale' end
+  if st == 'limited' or st == 'scheduled' or tonumber(attempt) < tonumber(f[CLAIM_ATT]) then return 'stale' end
   -- A copy of a task this call already claimed (two deliveries in one group) is busy.
   if c.seen[record] then return 'busy', c.seen[record] end
-  if st == 'running' and f[3] ~= owner and f[3] ~= dead_owner then
+  if st == 'running' and f[CLAIM_OWN] ~= owner and f[CLAIM_OWN] ~= dead_owner then
     local lease = tonumber(redis.call('ZSCORE', c.leases, record) or '0')
-    if lease > c.now then return 'busy', f[3] end
+    if lease > c.now then return 'busy', f[CLAIM_OWN] end
   end
-  if f[4] ~= '' and redis.call('LINDEX', chat_queue, 0) ~= task_id then
+  if f[CLAIM_CHAT] ~= '' and redis.call('LINDEX', chat_queue, 0) ~= task_id then
     return 'nothead'
   end
-  local dlv = tonumber(f[7] or '0') + 1
+  local dlv = tonumber(f[CLAIM_DLV] or '0') + 1
   if dlv > c.max_dlv then
     redis.call('HSET', record, 'dlv', dlv)
     return 'poison', dlv
   end
   redis.call('HSET', record, 'st', 'running', 'own', owner, 'dlv', dlv)
   -- It leaves the deadlines set and its lane's waiting count with the call's other claims (claim_flush).
-  local lane = f[6] or ''
+  local lane = f[CLAIM_LANE] or ''
   if not c.by_lane[lane] then
     c.by_lane[lane] = {}
     c.lanes[#c.lanes + 1] = lane

@@ -54,6 +54,12 @@ local function rings_for(length, pushed)
   return tonumber(length) <= pushed
 end
 
+-- A chat's key base, ``<chat prefix>{<chat id>}`` (lanes.keys.chat_*): its queue and records set are
+-- this and CHAT_QUEUE_SUFFIX / CHAT_RECORDS_SUFFIX.
+local function chat_tag(chat_prefix, chat)
+  return chat_prefix .. '{' .. chat .. '}'
+end
+
 -- A lane list's item for a record's publish number ``pub``: the record named, not its
 -- message (pop_more.lua reads the message from the record; the number tells a copy
 -- from an older one, and makes the delivery tag ``<task id>.<pub>``).
@@ -525,7 +531,7 @@ local function finish_done_items(p, first)
   local replies = {}
   for i = first, #ARGV, FINISH_ITEM_FIELDS do
     local task_id, record, chat, result, owner = unpack(ARGV, i, i + FINISH_ITEM_FIELDS - 1)
-    local chat_base = p.chat_prefix .. '{' .. chat .. '}'
+    local chat_base = chat_tag(p.chat_prefix, chat)
     replies[#replies + 1] = finish_record(c, record, task_id, 'done', result, owner, p.tombstone_prefix .. task_id,
       chat, chat_base .. CHAT_QUEUE_SUFFIX, chat_base .. CHAT_RECORDS_SUFFIX)
   end

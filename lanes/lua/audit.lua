@@ -110,7 +110,7 @@ end
 local entries = scan[2]
 for i = 1, #entries, 2 do
   local chat_id = entries[i]
-  local tagged = chat_prefix .. '{' .. chat_id .. '}'
+  local tagged = chat_tag(chat_prefix, chat_id)
   local queue, records = tagged .. CHAT_QUEUE_SUFFIX, tagged .. CHAT_RECORDS_SUFFIX
   checked = checked + 1
   local head = redis.call('LINDEX', queue, 0)

@@ -67,7 +67,7 @@ local p = {now = now, detail_json = detail_json, detail_text = detail_text, tomb
 local function cancel_one(record, task_id) answer(task_id, cancel_record(p, record, task_id)) end
 
 if mode == 'chat' then
-  local records = chat_prefix .. '{' .. chat_id .. '}' .. CHAT_RECORDS_SUFFIX
+  local records = chat_tag(chat_prefix, chat_id) .. CHAT_RECORDS_SUFFIX
   local ids = redis.call('LRANGE', chat_queue, 0, -1)
   for i = #ids, 1, -1 do cancel_one(records .. ids[i], ids[i]) end
 else

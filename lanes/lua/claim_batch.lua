@@ -70,7 +70,7 @@ for _, list in ipairs(lists) do
       local dlv = tonumber(f[4] or '0')
       local ready = f[1] == 'queued' and f[2] == pub and dlv < max_dlv
       if ready and f[3] and f[3] ~= '' then
-        ready = redis.call('LINDEX', chat_prefix .. '{' .. f[3] .. '}' .. CHAT_QUEUE_SUFFIX, 0) == task_id
+        ready = redis.call('LINDEX', chat_tag(chat_prefix, f[3]) .. CHAT_QUEUE_SUFFIX, 0) == task_id
       end
       if ready then
         took = true

@@ -70,7 +70,7 @@ for _, record in ipairs(due) do
     end
     if st == 'queued' and f[8] then lim_release(record, f[8]) end
     if chat and chat ~= '' then
-      local tagged = chat_prefix .. '{' .. chat .. '}'
+      local tagged = chat_tag(chat_prefix, chat)
       local queue = tagged .. CHAT_QUEUE_SUFFIX
       if redis.call('LINDEX', queue, 0) == task_id then
         hand_over(queue, chat, tagged .. CHAT_RECORDS_SUFFIX, chats, leases, now + queued_lease_ms, chat_waiting_prefix)

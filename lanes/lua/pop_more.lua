@@ -132,12 +132,12 @@ for p = 0, lists - 1 do
             if f[MSG] and f[PUB] == pub then
               local task_id = string.match(record, '([^:]+)$')
               local owner = ''
-              if #c.claimed < claim_max and f[1] == 'queued' and tonumber(f[7] or '0') < c.max_dlv
+              if #c.claimed < claim_max and f[CLAIM_ST] == 'queued' and tonumber(f[CLAIM_DLV] or '0') < c.max_dlv
                   and claimable(f[MSG]) then
-                local chat_queue = ''
-                if f[4] and f[4] ~= '' then chat_queue = chat_prefix .. '{' .. f[4] .. '}' .. CHAT_QUEUE_SUFFIX end
+                local chat, chat_queue = f[CLAIM_CHAT], ''
+                if chat and chat ~= '' then chat_queue = chat_tag(chat_prefix, chat) .. CHAT_QUEUE_SUFFIX end
                 owner = owner_prefix .. (#c.claimed + 1)
-                if claim_fields(c, record, f, task_id, f[2], owner, '', chat_queue, '') ~= 'run' then owner = '' end
+                if claim_fields(c, record, f, task_id, f[CLAIM_ATT], owner, '', chat_queue, '') ~= 'run' then owner = '' end
               end
               if owner == '' then records[#records + 1] = record end
               n = n + 1
