@@ -658,8 +658,10 @@ class Runner:
 
 
 def _done_items(done: list[tuple[Item, Any, str]]) -> list[DoneItem]:
+    # A type that keeps a success's result row needs no tombstone (docs/redis-budget.md).
     return [DoneItem(item.attempt.task_id, item.attempt.record, item.attempt.env.chat, bounded_result(result_json),
-                     item.attempt.owner) for item, _, result_json in done]
+                     item.attempt.owner, "" if results.keeps_row(item.name, states.SUCCESS) else "1")
+            for item, _, result_json in done]
 
 
 def _finish_terms() -> FinishTerms:

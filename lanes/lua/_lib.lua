@@ -431,15 +431,26 @@ end
 -- limits: the script called lim_setup with the same leases key and lease). A next
 -- message sent for later that is not due yet goes to its lane's delayed set
 -- instead (still 'scheduled'), with a lease at its due time plus the queued lease.
+-- ``head``: the queue's first two ids as the caller read them (LRANGE 0 1: finish_record), or nil (read
+-- here). A queue this pop empties leaves the active chats index at once (its count there is its
+-- queue's length: 0), without the ZINCRBY: finishing a chat's only message costs LRANGE, LPOP, ZREM.
 -- Returns the next task id or ''.
 local function hand_over(chat_queue, chat_id, record_prefix, chats_index, leases_key, lease_until,
-                         chat_waiting_prefix)
+                         chat_waiting_prefix, head)
   redis.call('LPOP', chat_queue)
+  local next_id
+  if head then
+    next_id = head[2]
+  else
+    next_id = redis.call('LINDEX', chat_queue, 0)
+  end
+  if not next_id then
+    redis.call('ZREM', chats_index, chat_id)
+    return ''
+  end
   if tonumber(redis.call('ZINCRBY', chats_index, -1, chat_id)) <= 0 then
     redis.call('ZREM', chats_index, chat_id)
   end
-  local next_id = redis.call('LINDEX', chat_queue, 0)
-  if not next_id then return '' end
   local next_record = record_prefix .. next_id
   local f = redis.call('HMGET', next_record, 'lane', 'lim', 'kp', 'st', 'eta', 'dq')
   local next_lane = f[1]
@@ -488,7 +499,11 @@ local function finish_record(c, record, task_id, outcome, result, owner, tombsto
   -- task, so a finished chat leaves no key behind; a small tombstone outside the
   -- chat's keys answers any copy still in the broker for a while.
   redis.call('HSET', record, 'st', outcome, 'res', result, 'own', '')
-  redis.call('SET', tombstone, outcome .. '|' .. result, 'EX', c.tomb_ttl_s)
+  -- ``tombstone`` nil: the caller knows the task's type keeps a result row for this outcome, stored
+  -- before the record is settled (tasks.results.store_rows), and every reader of a tombstone (a late
+  -- copy's claim: 'gone' then, never run; a cancel, the task search) reads that row once the record
+  -- is gone: one SET a task less (docs/redis-budget.md). A type that keeps no row always gets one.
+  if tombstone then redis.call('SET', tombstone, outcome .. '|' .. result, 'EX', c.tomb_ttl_s) end
   -- A task claimed by this attempt keeps the lease of its claim: set by the claim,
   -- renewed by its process's beat every third of it while it ran, so at least two
   -- thirds of DISPATCH_LEASE_S are left (settling takes a fraction of a second; a
@@ -505,20 +520,26 @@ local function finish_record(c, record, task_id, outcome, result, owner, tombsto
   -- (admit.lua) are each one script, so they never interleave: a chat queue is
   -- deleted by Redis only when this pop empties it, and an append after that
   -- simply creates it again with the new message as head.
+  -- The queue's first two ids in one read: whether this task is the head, and who follows (hand_over).
   local next_id = ''
-  if chat ~= '' and redis.call('LINDEX', chat_queue, 0) == task_id then
-    next_id = hand_over(chat_queue, chat, chat_records, c.chats, c.leases, c.handover_until, c.chat_waiting_prefix)
+  if chat ~= '' then
+    local head = redis.call('LRANGE', chat_queue, 0, 1)
+    if head[1] == task_id then
+      next_id = hand_over(chat_queue, chat, chat_records, c.chats, c.leases, c.handover_until, c.chat_waiting_prefix,
+        head)
+    end
   end
   return 'ok', next_id
 end
 
 -- Finish the succeeded items named in ARGV from ``first`` on (FINISH_ITEM_FIELDS each: task_id, record,
--- chat id or '', result JSON, owner), each as finish.lua finishes one task: finish_batch.lua's whole
+-- chat id or '', result JSON, owner, tombstone: '1' to write one, '' when its type keeps a result row:
+-- lanes.lua.finish_batch.DoneItem), each as finish.lua finishes one task: finish_batch.lua's whole
 -- call, claim_group.lua's first part. ``p`` names what they share: the keys (leases, deadlines, chats,
 -- metrics_total, metrics_minute) and the call's terms (now, tomb_ttl_s, queued_lease_ms, settle_lease_ms,
 -- chat_waiting_prefix, limit_prefix, lane_prefix, chat_prefix, tombstone_prefix). Returns finish_record's
 -- reply per item.
-local FINISH_ITEM_FIELDS = 5
+local FINISH_ITEM_FIELDS = 6
 
 local function finish_done_items(p, first)
   lim_setup(p.limit_prefix, p.lane_prefix, p.metrics_total, p.metrics_minute, p.now, p.leases,
@@ -530,10 +551,11 @@ local function finish_done_items(p, first)
   }
   local replies = {}
   for i = first, #ARGV, FINISH_ITEM_FIELDS do
-    local task_id, record, chat, result, owner = unpack(ARGV, i, i + FINISH_ITEM_FIELDS - 1)
+    local task_id, record, chat, result, owner, tomb = unpack(ARGV, i, i + FINISH_ITEM_FIELDS - 1)
     local chat_base = chat_tag(p.chat_prefix, chat)
-    replies[#replies + 1] = finish_record(c, record, task_id, 'done', result, owner, p.tombstone_prefix .. task_id,
-      chat, chat_base .. CHAT_QUEUE_SUFFIX, chat_base .. CHAT_RECORDS_SUFFIX)
+    replies[#replies + 1] = finish_record(c, record, task_id, 'done', result, owner,
+      tomb ~= '' and p.tombstone_prefix .. task_id or nil, chat, chat_base .. CHAT_QUEUE_SUFFIX,
+      chat_base .. CHAT_RECORDS_SUFFIX)
   end
   return replies
 end

@@ -10,7 +10,8 @@
 --   tombstone_ttl_s, queued_lease_ms, settle_lease_ms, chat_waiting_prefix, limit_prefix,
 --   chat_prefix, tombstone_prefix, then CLAIM_FIELDS per claimed item:
 --   task_id, record, attempt, owner, chat_queue ('' when it has no chat), tombstone;
---   then FINISH_ITEM_FIELDS (_lib.lua) per finished item: task_id, record, chat id or '', result JSON, owner
+--   then FINISH_ITEM_FIELDS (_lib.lua) per finished item: task_id, record, chat id or '', result JSON, owner,
+--   tombstone ('1': write it; '': its type keeps a result row)
 -- Returns {config_version ('' without claims), n_claims pairs (status, detail: claim_record's reply; detail '' where
 --   it has none), then one reply per finished item: 'ok' | 'already' | 'gone' | 'taken'}.
 local leases, config_version, deadlines, procs, held, chats, metrics_total, metrics_minute = unpack(KEYS, 1, 8)

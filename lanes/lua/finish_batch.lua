@@ -6,8 +6,8 @@
 -- ARGV: 1 now ms, 2 seconds to keep a tombstone, 3 queued lease ms,
 --   4 settle lease ms, 5 chat-waiting key prefix, 6 limits key prefix, 7 lane
 --   key prefix, 8 chat key prefix ('dispatch:chat:'), 9 tombstone key prefix,
---   10.. five per item: task id, record, chat id or '', result JSON, owner that
---   claimed it
+--   10.. FINISH_ITEM_FIELDS (_lib.lua) per item: task id, record, chat id or '', result JSON, owner that
+--   claimed it, tombstone ('1': write the task's tombstone; '': not, its type keeps a result row)
 -- Returns one reply per item, in order: 'ok' | 'already' | 'gone' | 'taken'
 --   (what finish.lua answers; an item answered 'taken' stores no result row).
 -- The batch's counts (succeeded, completed, latencies, handler seconds) are the

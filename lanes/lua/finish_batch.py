@@ -13,11 +13,17 @@ NAME = "finish_batch"
 
 
 class DoneItem(NamedTuple):
+    """One succeeded item to finish (the fields ``finish_done_items`` in ``_lib.lua`` reads per item, in its
+    order: FINISH_ITEM_FIELDS)."""
+
     task_id: str
     record: str
     chat: str
     result_json: str
     owner: str
+    #: '1': write the task's tombstone; '': not (its type keeps a result row for a success, which answers every
+    #: reader once the record is settled: ``tasks.results.keeps_row``). Text, as the script reads it.
+    tombstone: str = "1"
 
 
 class Latencies(NamedTuple):
