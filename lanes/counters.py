@@ -53,6 +53,8 @@ BOTH, TOTAL, MINUTE = "both", "total", "minute"
 _lock = ForkSafeLock()
 #: (minute, field, where) -> amount waiting to be written.
 _pending: dict[tuple[int, str, str], float] = {}
+#: Minutes whose hash this process has given its expiry: one EXPIRE a minute hash and process, not a flush.
+_expiring: set[int] = set()
 
 
 def add(field: str, now: float, amount: float = 1, where: str = BOTH) -> None:
@@ -109,6 +111,7 @@ def flush(client=None) -> int:
                 pipe.hincrbyfloat(key, field, amount)
         if where != TOTAL:
             minutes.add(minute)
+    minutes -= _expiring
     for minute in minutes:
         pipe.expire(keys.metrics_minute(minute), MINUTE_TTL_S)
     try:
@@ -120,6 +123,12 @@ def flush(client=None) -> int:
                     _pending[entry] = _pending.get(entry, 0) + amount
         logger.warning("counters_flush_failed entries=%d", len(batch), exc_info=True)
         return 0
+    if minutes:
+        # The minute's hash exists with its expiry from here on (it lives 20 minutes; a process's later
+        # writes into it need no EXPIRE). Older minutes are forgotten: a flush writes this minute or the last.
+        _expiring.update(minutes)
+        newest = max(_expiring)
+        _expiring.difference_update({m for m in _expiring if m < newest - 1})
     return len(batch)
 
 
@@ -131,6 +140,7 @@ flush_quietly = _flusher.flush_quietly
 def _after_fork_in_child() -> None:
     # The parent's counts are the parent's to write (its thread does not exist here: the flusher starts one).
     _pending.clear()
+    _expiring.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
