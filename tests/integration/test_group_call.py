@@ -41,10 +41,15 @@ def test_one_call_finishes_a_chat_head_then_claims_its_successor(rc):
     assert rc.hget(rec1, "st") == b"done" and rc.get(keys.tombstone(first.task_id)) == b'done|"one"'
     assert rc.hget(rec2, "st") == b"running" and rc.hget(rec2, "own") == f"{PROCESS}:g3".encode()
 
-    # Finished alone (no claims: no config read), the chat's last message leaves its queue.
-    c = _call([], [DoneItem(second.task_id, rec2, chat, '"two"', f"{PROCESS}:g3")])
+    # The hand-over counted the chat down in the active chats index (its successor still queued).
+    assert rc.zscore(keys.chat_index(), chat) == 1
+    # Finished alone (no claims: no config read), the chat's last message leaves its queue and the index; a
+    # success of a type that keeps its result row ('' for its tombstone: tasks.results.keeps_row) writes none.
+    c = _call([], [DoneItem(second.task_id, rec2, chat, '"two"', f"{PROCESS}:g3", "")])
     assert c.finished == ["ok"] and c.claims == [] and c.config_version == ""
-    assert not rc.exists(keys.chat_queue(chat))
+    assert not rc.exists(keys.chat_queue(chat)) and rc.zscore(keys.chat_index(), chat) is None
+    assert rc.hget(rec2, "st") == b"done" and rc.hget(rec2, "res") == b'"two"'
+    assert not rc.exists(keys.tombstone(second.task_id))
     rc.delete(rec1, rec2)
     rc.zrem(keys.LEASES, rec1, rec2)
     rc.srem(keys.process_held(PROCESS), rec1, rec2)
