@@ -188,6 +188,11 @@ def outcome_from_redis(task_id: str, timeout: float | None, propagate: bool, int
             if propagate:
                 raise error
             return error
+        # No tombstone: a type that now keeps no row may have kept one when this task ended (its
+        # store_result changed meanwhile; a success with a row writes no tombstone): the row answers.
+        result = AsyncResult(task_id, app=current_app._get_current_object())
+        if result.ready():
+            return result.get(timeout=1.0, propagate=propagate, interval=interval)
         if until is not None and time.monotonic() >= until:
             raise CeleryTimeoutError(f"task {task_id} did not end within {timeout}s")
         time.sleep(interval)

@@ -53,3 +53,18 @@ def test_a_type_keeps_the_rows_it_asks_for_and_get_works_in_every_mode(pool_lane
         assert not TaskResult.objects.filter(task_id__in=ids).exists()
     if mode == "never":
         assert not TaskResult.objects.filter(task_id=bad.task_id).exists()
+
+
+def test_a_get_that_waits_in_redis_is_answered_by_the_row_when_no_tombstone_was_written(pool_lanes, rc):
+    """A caller that dispatched while its type kept no row waits in Redis; if the type keeps rows by the
+    time the task ends, the grouped finish writes no tombstone (the row answers), so the row must."""
+    from tasks import results
+
+    name = unique("sr-switch")
+    define(name, lane=pool_lanes[("threads", "always")], handler="demo.flaky", store_result="always")
+    done = dispatch.delay(name, {"n": 7})
+    assert done.get(timeout=60) == {"n": 7}
+    wait_until(lambda: rc.exists(keys.task_record(done.task_id)) == 0, timeout=20, what="the record settled")
+    assert rc.get(keys.tombstone(done.task_id)) is None  # the success kept its row, not a tombstone
+    assert results.outcome_from_redis(done.task_id, timeout=5, propagate=True, interval=0.1,
+                                      failures_have_rows=True) == {"n": 7}
