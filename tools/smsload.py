@@ -89,8 +89,8 @@ class SmsLoadOptions:
     step_seconds: float = 15.0
     #: ``batched`` (``sms.submit``), ``single`` (``sms.submit_one``), or both, in that order.
     modes: list[str] = field(default_factory=lambda: ["batched"])
-    #: Generator threads (the load test's open-loop senders).
-    senders: int = 4
+    #: Generator threads (the load test's open-loop senders); 0: per step, ``loadgen.senders_for(rate)``.
+    senders: int = 0
     #: Seconds after a step within which every message must have its row; then seconds more before giving up.
     drain_limit_s: float = 10.0
     settle_s: float = 30.0
@@ -312,7 +312,8 @@ class _Driver:
         step = SmsStep(rate=rate)
         prefix = f"{self.run_id}-s{index}-"
         n = max(1, int(rate * o.step_seconds))
-        plans: list[list[loadgen.Message]] = [[] for _ in range(max(1, o.senders))]
+        plans: list[list[loadgen.Message]] = [[] for _ in range(o.senders if o.senders > 0 else
+                                                                loadgen.senders_for(rate))]
         for i in range(n):
             key = f"{prefix}{i}"
             payload = {"to": f"+86138{i:08d}", "channel": f"ch{i % o.bench.sms_channels}",

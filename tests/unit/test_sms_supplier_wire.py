@@ -19,11 +19,11 @@ class _CountingSocket(socket.socket):
 
     writes = 0
 
-    def send(self, data, *args):  # noqa: ANN001, ANN201 - socket's own signature
+    def send(self, data, *args):
         type(self).writes += 1
         return super().send(data, *args)
 
-    def sendall(self, data, *args):  # noqa: ANN001, ANN201
+    def sendall(self, data, *args):
         type(self).writes += 1
         return super().sendall(data, *args)
 
