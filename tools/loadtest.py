@@ -88,7 +88,7 @@ class LoadTestOptions:
     type_name: str = "loadtest.sink"
     drain_limit_s: float = 10.0
     settle_s: float = 60.0
-    senders: int = 4
+    senders: int = 0  # generator threads; 0: per step, loadgen.senders_for(rate, chats)
     drop_every: int = 0
     stop_on_fail: bool = True
     probe_dir: str | None = None
@@ -264,7 +264,8 @@ class LoadTest:
         index = len(self.report.steps)
         step_run = f"{self.run_id}-s{index}"
         n = max(1, int(rate * o.step_seconds))
-        plan: list[list[tuple[int, int, int]]] = [[] for _ in range(max(1, o.senders))]
+        n_senders = o.senders if o.senders > 0 else loadgen.senders_for(rate, o.chats)
+        plan: list[list[tuple[int, int, int]]] = [[] for _ in range(n_senders)]
         for i in range(n):
             chat = self.rng.randrange(o.chats)
             seq = self.chat_seq.get(chat, 0) + 1

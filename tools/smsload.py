@@ -71,11 +71,15 @@ def default_bench() -> BenchOptions:
     """The run's environment as ``manage.py benchmark`` makes it, shaped for the SMS demo.
 
     Its workers (``instances`` x ``celery -P io_pool -c io_concurrency``, the same
-    for both modes), the supplier (``sms_channels`` the messages spread over,
+    for both modes, the shape of ``make run``'s realtime group: 2 x threads 16).
+    One unbatched message holds a run thread for its supplier request (20 ms) and
+    its transaction (a few ms more with fsync): 500 msg/s needs about 15 in
+    flight, which 2 x 8 threads only just held, with no slack for a loaded host.
+    The supplier (``sms_channels`` the messages spread over,
     ``sms_tps`` messages/s per channel, ``sms_latency_ms`` per request),
     ``redis_url`` (None: start one) and ``database_url`` (None: a scratch SQLite file).
     """
-    return BenchOptions(workloads=["sms"], instances=2, io_pool="threads", io_concurrency=8)
+    return BenchOptions(workloads=["sms"], instances=2, io_pool="threads", io_concurrency=16)
 
 
 @dataclass
@@ -85,8 +89,8 @@ class SmsLoadOptions:
     step_seconds: float = 15.0
     #: ``batched`` (``sms.submit``), ``single`` (``sms.submit_one``), or both, in that order.
     modes: list[str] = field(default_factory=lambda: ["batched"])
-    #: Generator threads (the load test's open-loop senders).
-    senders: int = 4
+    #: Generator threads (the load test's open-loop senders); 0: per step, ``loadgen.senders_for(rate)``.
+    senders: int = 0
     #: Seconds after a step within which every message must have its row; then seconds more before giving up.
     drain_limit_s: float = 10.0
     settle_s: float = 30.0
@@ -308,7 +312,8 @@ class _Driver:
         step = SmsStep(rate=rate)
         prefix = f"{self.run_id}-s{index}-"
         n = max(1, int(rate * o.step_seconds))
-        plans: list[list[loadgen.Message]] = [[] for _ in range(max(1, o.senders))]
+        plans: list[list[loadgen.Message]] = [[] for _ in range(o.senders if o.senders > 0 else
+                                                                loadgen.senders_for(rate))]
         for i in range(n):
             key = f"{prefix}{i}"
             payload = {"to": f"+86138{i:08d}", "channel": f"ch{i % o.bench.sms_channels}",

@@ -143,3 +143,19 @@ def test_bulk_retries_unknown_items_with_their_keys_for_retry_for():
     assert [[opts["idempotency_key"] for _, opts in c] for c in many.chunks] == [["k0", "k1", "k2"], ["k1"]]
     k1 = next(e for e in out if e["key"] == "k1")
     assert (k1["accepted"], k1["calls"], k1["first"], k1["unknown_seen"]) == (True, 2, "unavailable", True)
+
+
+def test_senders_keep_a_tenth_of_a_second_of_the_rate_in_flight():
+    # A sender is blocked for its call (two Joiner turns): a fixed 4 senders capped the 1,000/s step at 913/s.
+    assert loadgen.senders_for(100) == 10
+    assert loadgen.senders_for(1000) == 100
+    assert loadgen.senders_for(1200) == 120
+    assert loadgen.senders_for(5) == loadgen.MIN_SENDERS
+    assert loadgen.senders_for(1200, chats=50) == 50  # each sender owns its chats: never more than chats
+
+
+def test_the_load_tests_default_senders_follow_the_rate():
+    from tools.loadtest import LoadTestOptions
+    from tools.smsload import SmsLoadOptions
+
+    assert LoadTestOptions().senders == 0 and SmsLoadOptions().senders == 0  # 0: senders_for(rate) per step

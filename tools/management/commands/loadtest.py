@@ -74,7 +74,9 @@ class Command(BaseCommand):
                             help="seconds after a step's end within which its queue must drain")
         parser.add_argument("--settle", type=float, default=60.0,
                             help="extra seconds to wait for a late step before verifying it")
-        parser.add_argument("--senders", type=int, default=4, help="generator threads (each owns a set of chats)")
+        parser.add_argument("--senders", type=int, default=0,
+                            help="generator threads (each owns a set of chats); 0: per step, enough for 100 ms "
+                                 "of its rate in flight (at least 4, at most --chats)")
         parser.add_argument("--drop-every", type=int, default=0,
                             help="make the sink drop 1 in N applied messages (proves the checker fails)")
         parser.add_argument("--keep-going", action="store_true", help="run later steps after a failed one")
@@ -96,7 +98,7 @@ class Command(BaseCommand):
         options = loadtest.LoadTestOptions(
             steps=int_list(opts["steps"]), step_seconds=opts["step_seconds"], chats=max(1, opts["chats"]),
             latency_ms=opts["latency_ms"], fail_rate=opts["fail_rate"], type_name=type_name,
-            drain_limit_s=opts["drain_limit"], settle_s=opts["settle"], senders=max(1, opts["senders"]),
+            drain_limit_s=opts["drain_limit"], settle_s=opts["settle"], senders=max(0, opts["senders"]),
             drop_every=max(0, opts["drop_every"]), stop_on_fail=not opts["keep_going"],
             probe_dir=opts["probe_dir"], seed=opts["seed"], bulk=opts["bulk"],
             limit_key_count=opts["limit_key_count"],

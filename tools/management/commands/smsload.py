@@ -21,7 +21,7 @@ NUMBERS = [
     ("--step-seconds", "step_seconds", float, "how long each step lasts"),
     ("--instances", "instances", int, "worker processes (Celery main processes) per mode"),
     ("--concurrency", "io_concurrency", int, "pool size of each worker process"),
-    ("--senders", "senders", int, "generator threads"),
+    ("--senders", "senders", int, "generator threads (0: per step, enough for 100 ms of its rate in flight)"),
     ("--channels", "sms_channels", int, "supplier channels the messages spread over"),
     ("--supplier-tps", "sms_tps", float, "messages/s each supplier channel accepts"),
     ("--supplier-latency-ms", "sms_latency_ms", float, "milliseconds each supplier request takes"),
@@ -72,8 +72,9 @@ class Command(BaseCommand):
                 self._print(smsload.SmsLoadReport.from_dict(json.load(fh)))
             return
         for flag, dest, _, _ in NUMBERS:
-            if opts[dest] < (0 if dest == "drop_rows_every" else 1e-9):
-                raise CommandError(f"{flag} must be {'0 or more' if dest == 'drop_rows_every' else 'positive'}")
+            zero_ok = dest in ("drop_rows_every", "senders")
+            if opts[dest] < (0 if zero_ok else 1e-9):
+                raise CommandError(f"{flag} must be {'0 or more' if zero_ok else 'positive'}")
         options = smsload.SmsLoadOptions(
             steps=int_list(opts["steps"]), modes=list(smsload.MODES) if opts["mode"] == "both" else [opts["mode"]],
             stop_on_fail=not opts["keep_going"], **{dest: opts[dest] for _, dest, _, _ in NUMBERS if dest in _OWN})
