@@ -201,7 +201,7 @@ class Calls:
 
 
 def call_one(chunk: Chunk, item: Item) -> Reply | RedisError:
-    """One item's admit.lua call on a pooled connection, without a ``Calls`` stream: a lone ``dispatch.delay``.
+    """One item's admit.lua call on the connection kept for it, without a ``Calls`` stream: a lone ``dispatch.delay``.
 
     A stream's batches, its first-batch probe and its bookkeeping are for chunks that overlap the
     caller's work; a single call waits for its one reply anyway, and they were a fifth of its
@@ -217,6 +217,8 @@ def call_one(chunk: Chunk, item: Item) -> Reply | RedisError:
         conn = _take_connection(pool)
     except RedisError as exc:
         return NotSent(exc)
+    except OSError as exc:  # a socket error redis-py did not wrap (its checks before a send)
+        return NotSent(RedisConnectionError(f"Error connecting to Redis: {exc}"))
     tail = f"${len(str(call.numkeys))}\r\n{call.numkeys}\r\n".encode() + call.resp
     reply: Any
     try:
