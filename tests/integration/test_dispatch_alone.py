@@ -4,6 +4,7 @@ checks one, so a connection the server closed or a script it lost costs the next
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -102,4 +103,31 @@ def test_a_lone_call_loads_admit_lua_again_after_redis_lost_it(rc):
     sent = [c["command"].split(" ")[0].upper() for c in monitor.seen if c["client_type"] != "lua"]
     assert sent[:2] == ["EVALSHA", "EVAL"], sent  # NOSCRIPT, then the script's text: nothing ran twice
     assert rc.llen(keys.lane_queues(lane)[0]) + sum(rc.llen(q) for q in keys.lane_queues(lane)[1:]) == 2
+    rc.delete(*keys.lane_queues(lane), keys.lane_doorbell(lane))
+
+
+def test_a_forked_child_dispatches_on_its_own_connection_and_the_parents_stays_in_step(rc):
+    """A process forked after a lone call (a prefork pool's child, a handler that dispatches) must not send on
+    the connection its parent keeps: both would read each other's replies."""
+    lane, type_name = unique("alone-fork"), unique("alone-fork-echo")
+    define(type_name, lane=lane)
+    assert dispatch.delay(type_name, {"parent": 0}).accepted
+    parents = admit_wrapper._kept[0][1]
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answers through the pipe, then leaves without any cleanup
+        try:
+            result = dispatch.delay(type_name, {"child": 1})
+            own = bool(admit_wrapper._kept) and admit_wrapper._kept[0][1] is not parents
+            os.write(write_end, b"1" if result.accepted and own else b"0")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    _, status = os.waitpid(pid, 0)
+    assert os.read(read_end, 1) == b"1" and status == 0
+    os.close(read_end)
+    after = [dispatch.delay(type_name, {"parent": i}) for i in range(1, 4)]
+    assert all(r.accepted for r in after), after
+    assert admit_wrapper._kept[0][1] is parents
+    assert sum(rc.llen(q) for q in keys.lane_queues(lane)) == 5
     rc.delete(*keys.lane_queues(lane), keys.lane_doorbell(lane))
