@@ -12,7 +12,6 @@ single dispatch takes the same path, as a chunk of one.
 from __future__ import annotations
 
 import logging
-import uuid
 from datetime import datetime
 from typing import Any
 
@@ -24,7 +23,7 @@ from tasks.admission import (  # noqa: F401  (DispatchResult, payload_digest: im
     DispatchResult,
     payload_digest,
 )
-from tasks.bulk import admit_one, dispatch_many  # noqa: F401  (dispatch_many: importable beside dispatch)
+from tasks.bulk import admit_one, dispatch_many, new_task_ids  # noqa: F401  (dispatch_many: importable beside dispatch)
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ def admit(
     }
     if dedupe_key is not None:
         options["dedupe_key"] = dedupe_key
-    return admit_one(task_type, payload, options, task_id=_task_id or str(uuid.uuid4()),
+    return admit_one(task_type, payload, options, task_id=_task_id or new_task_ids(1)[0],
                      replace_idempotency=_replace_idempotency, lane_share=_lane_share)
 
 

@@ -279,15 +279,23 @@ if it.limits ~= '' then
     paused_ms = math.max(0, redis.call('PTTL', waits_on .. LIMIT_PAUSED_SUFFIX))
   end
 end
--- The lane's completions, handler seconds, paused flag and live consumers: read only
--- when asked (``read``); else the caller uses what it read lately.
+-- The lane's paused flag, live consumers, completions and handler seconds: read only when
+-- asked (``read``); else the caller uses what it read lately. Only a lane that drains (not
+-- paused, a live consumer) has its completions read: the estimate of one that does not says
+-- why, from those two alone (tasks.estimate), so a lane nobody serves, read at every call
+-- (lanes/lua/admit.py's _healthy), costs a call two commands, not four.
 local inputs = nil
 if read then
-  local done_field, busy_field = 'completed|' .. c.lane, 'busy|' .. c.lane
-  local done = redis.call('HMGET', c.metrics_minute, done_field, busy_field)
-  local prev = redis.call('HMGET', c.metrics_previous_minute, done_field, busy_field)
-  inputs = {done[1] or '0', prev[1] or '0', done[2] or '0', prev[2] or '0',
-    redis.call('SISMEMBER', c.paused_lanes, c.lane), redis.call('ZCOUNT', c.consumers, c.now_ms, '+inf')}
+  local paused = redis.call('SISMEMBER', c.paused_lanes, c.lane)
+  local consumers = redis.call('ZCOUNT', c.consumers, c.now_ms, '+inf')
+  if paused == 0 and consumers > 0 then
+    local done_field, busy_field = 'completed|' .. c.lane, 'busy|' .. c.lane
+    local done = redis.call('HMGET', c.metrics_minute, done_field, busy_field)
+    local prev = redis.call('HMGET', c.metrics_previous_minute, done_field, busy_field)
+    inputs = {done[1] or '0', prev[1] or '0', done[2] or '0', prev[2] or '0', paused, consumers}
+  else
+    inputs = {'0', '0', '0', '0', paused, consumers}
+  end
 end
 return 'ok', position, depth, ahead, waits_on, waiting_ahead, paused_ms, inputs, replaced, replaced_chat
 end

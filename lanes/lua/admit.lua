@@ -46,7 +46,9 @@
 --   ``inputs``: the lane's estimate inputs {completed this minute, completed the
 --   previous minute, handler seconds this minute, the previous minute's, paused 0/1,
 --   live consumers}, read once a call by the first item admitted ({} when none was,
---   or read_estimate is '0'). lanes/lua/admit.py decodes all of it.
+--   or read_estimate is '0'; the completions and handler seconds '0', unread, for a lane
+--   paused or with no live consumer: its estimate says so without them). lanes/lua/admit.py
+--   decodes all of it.
 --
 -- One call for a chunk: the EVALSHA, the config GET and, for a chunk of more than
 -- one, the lane's shared writes (waiting count, deadlines, leases, lane lists) are
