@@ -34,6 +34,8 @@ import atexit
 import logging
 import os
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from lanes import keys
 from lanes.flusher import Flusher
 from lanes.forksafe import ForkSafeLock
@@ -116,12 +118,14 @@ def flush(client=None) -> int:
         pipe.expire(keys.metrics_minute(minute), MINUTE_TTL_S)
     try:
         pipe.execute()
-    except Exception:
+    except Exception as error:
         with _lock:
             for entry, amount in batch.items():
                 if entry in _pending or len(_pending) < PENDING_MAX:
                     _pending[entry] = _pending.get(entry, 0) + amount
-        logger.warning("counters_flush_failed entries=%d", len(batch), exc_info=True)
+        # Redis out of reach (stopped, restarting) says all in one line; anything else keeps its traceback.
+        logger.warning("counters_flush_failed entries=%d error=%s", len(batch), error,
+                       exc_info=not isinstance(error, RedisConnectionError))
         return 0
     if minutes:
         # The minute's hash exists with its expiry from here on (it lives 20 minutes; a process's later

@@ -1,0 +1,29 @@
+"""A counters flush while Redis is out of reach: one line in the log, the counts kept (no Redis here)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import redis
+
+from lanes import counters
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again when the block ends: connecting is refused
+
+
+def test_a_flush_redis_refuses_logs_one_line_and_keeps_its_counts(caplog):
+    client = redis.Redis(host="127.0.0.1", port=_closed_port(), socket_connect_timeout=1)
+    before = counters.pending()
+    counters.add("offline_test|x", time.time())  # its flusher may start; the flush below is ours
+    with caplog.at_level(logging.WARNING, logger="lanes.counters"):
+        assert counters.flush(client) == 0
+    failed = [r for r in caplog.records if r.getMessage().startswith("counters_flush_failed")]
+    assert failed and not any(r.exc_info for r in failed), "a refused connection needs no traceback"
+    assert "Connection refused" in failed[0].getMessage() or "connecting" in failed[0].getMessage()
+    assert counters.pending() >= before + 1  # kept for the next flush
