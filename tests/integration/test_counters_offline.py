@@ -1,4 +1,4 @@
-"""A counters flush while Redis is out of reach: one line in the log, the counts kept (no Redis here)."""
+"""A counters flush while Redis is out of reach (a closed port): one line in the log, the counts kept."""
 
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ def _closed_port() -> int:
 
 
 def test_a_flush_redis_refuses_logs_one_line_and_keeps_its_counts(caplog):
-    client = redis.Redis(host="127.0.0.1", port=_closed_port(), socket_connect_timeout=1)
+    port = _closed_port()
+    client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=1)
     before = counters.pending()
     counters.add("offline_test|x", time.time())  # its flusher may start; the flush below is ours
     with caplog.at_level(logging.WARNING, logger="lanes.counters"):
         assert counters.flush(client) == 0
-    failed = [r for r in caplog.records if r.getMessage().startswith("counters_flush_failed")]
-    assert failed and not any(r.exc_info for r in failed), "a refused connection needs no traceback"
-    assert "Connection refused" in failed[0].getMessage() or "connecting" in failed[0].getMessage()
+    # Ours: the flush that met the closed port (the flusher thread add() started meets the unit tier's guard).
+    failed = [r for r in caplog.records if r.getMessage().startswith("counters_flush_failed")
+              and f":{port}" in r.getMessage()]
+    assert failed and not any(r.exc_info for r in failed), "a refused connection says so in one line, no traceback"
     assert counters.pending() >= before + 1  # kept for the next flush
