@@ -29,5 +29,6 @@ WORKER_STEPS = (
     "lanes.worker:PausedLanesStep",  # a paused lane is not consumed at start
     "lanes.worker:HeartbeatStep",  # heartbeats; the catch-all worker adopts unheld lanes
     "ops.worker_steps:MetricsSamplerStep",  # depth/throughput samples for the dashboard charts (ops)
+    "lanes.worker:GcFreezeStep",  # the start's objects out of the collector before the pool forks
 )
 app.steps["worker"].update(WORKER_STEPS)
