@@ -17,8 +17,8 @@ from tasks.dispatch import dispatch
 from tests.support import worker_probe  # noqa: F401  (declares test.worker_probe here, as the worker does)
 from tests.support.helpers import define, unique
 
-#: The web side's modules: the URLconf and what only it imports.
-WEB_MODULES = ["dispatchsite.urls", "api.views", "api.schemas", "ops.views"]
+#: The web side's modules: the URLconf and what only it imports (django-ninja and pydantic with the API).
+WEB_MODULES = ["dispatchsite.urls", "api.views", "api.schemas", "ops.views", "ninja", "pydantic"]
 
 
 @pytest.fixture(scope="module")
