@@ -1,8 +1,11 @@
-"""What a worker's start leaves its pool children: only what a worker uses imported, and the start's
-objects frozen out of the collector.
+"""What a process imports at its start: only what it uses. And what a worker's start leaves its pool
+children: the start's objects frozen out of the collector.
 
+- django-ninja is no installed app (``settings.NINJA_DIR``): only the web's URLconf imports it.
 - Celery's Django fixup runs the system checks at a worker's start, whose URL checks import the
   URLconf (the HTTP API, the operator pages): skipped (``dispatchsite.celery``), a worker serves no URL.
+- The platform's ``manage.py`` commands run the models' checks only (``tasks.commands.CHECKS``), not
+  the URL checks.
 - Celery's prefork pool runs a full collection before each fork; with the start's objects frozen
   (``lanes.worker.GcFreezeStep``) it skips them, and the children share those pages with the parent.
 """
@@ -10,6 +13,9 @@ objects frozen out of the collector.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +23,7 @@ from tasks.dispatch import dispatch
 from tests.support import worker_probe  # noqa: F401  (declares test.worker_probe here, as the worker does)
 from tests.support.helpers import define, unique
 
+ROOT = Path(__file__).resolve().parents[2]
 #: The web side's modules: the URLconf and what only it imports (django-ninja and pydantic with the API).
 WEB_MODULES = ["dispatchsite.urls", "api.views", "api.schemas", "ops.views", "ninja", "pydantic"]
 
@@ -44,3 +51,18 @@ def test_prefork_children_start_with_the_start_frozen(probe):
     reply, _ = probe
     # Django, Celery and the handlers: about 130,000 objects; none frozen without the step.
     assert reply["frozen"] > 50_000, reply
+
+
+def _imported(stderr: str) -> set[str]:
+    """The modules ``python -X importtime`` reported (``import time: self | cumulative | name``)."""
+    return {line.rsplit("|", 1)[1].strip() for line in stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("command", [["dispatch", "no-such-type-ps", "--payload", "{}"], ["capacity", "--rate", "10", "--backlog", "1000"]],
+                         ids=["dispatch", "capacity"])
+def test_a_command_does_not_import_the_web_side(command):
+    done = subprocess.run([sys.executable, "-X", "importtime", "manage.py", *command], cwd=ROOT, env=os.environ.copy(),
+                          capture_output=True, text=True, timeout=120)
+    imported = _imported(done.stderr)
+    assert done.returncode in (0, 1) and "tasks.registry" in imported, done.stderr[-2000:]  # it ran to its end
+    assert sorted(imported & set(WEB_MODULES)) == []
