@@ -23,6 +23,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django_celery_results.models import TaskResult
 from ninja import NinjaAPI
 from ninja.errors import HttpError, ValidationError
+from ninja.openapi.docs import ABS_TPL_PATH, Swagger
 from ninja.openapi.views import openapi_view
 
 from api import ratelimit, statuses, tenancy
@@ -64,6 +65,17 @@ def _docs_for_staff(view: Any) -> Any:
     return view
 
 
+class SiteSwagger(Swagger):
+    """Swagger UI from this site's static files (the CSP allows no CDN and no inline script).
+
+    django-ninja renders its static-files page only when "ninja" is an installed app, and otherwise
+    renders ``template_cdn`` by path through Django's engine: here, that same static-files page (its
+    templates and static files are named by path in the settings, ``NINJA_DIR``).
+    """
+
+    template_cdn = str(ABS_TPL_PATH / "swagger.html")
+
+
 api = NinjaAPI(
     title="Dispatch API",
     version="1",
@@ -71,6 +83,7 @@ api = NinjaAPI(
                  "`Authorization: Bearer <service token>` (a token from the admin or `manage.py api_token`)."),
     urls_namespace="api-v1",
     auth=ServiceTokenAuth(),
+    docs=SiteSwagger(),
     docs_url="/docs" if settings.DISPATCH_API_DOCS else None,
     docs_decorator=_docs_for_staff,
 )

@@ -16,6 +16,11 @@ import os
 from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "dispatchsite.settings")
+#: Celery's Django fixup runs every system check when a worker starts, and drops what they find: all
+#: they do there is import the URLconf for the URL checks (the HTTP API, django-ninja, pydantic, the
+#: operator pages), which a worker never serves. ``manage.py check``/``migrate`` run the checks;
+#: ``CELERY_SKIP_CHECKS=`` (empty) brings them back in a worker.
+os.environ.setdefault("CELERY_SKIP_CHECKS", "true")
 
 #: Task events are gathered and folded per task before they are published (tasks.worker_events).
 app = Celery("dispatchsite", events="tasks.worker_events:Events")
@@ -29,5 +34,6 @@ WORKER_STEPS = (
     "lanes.worker:PausedLanesStep",  # a paused lane is not consumed at start
     "lanes.worker:HeartbeatStep",  # heartbeats; the catch-all worker adopts unheld lanes
     "ops.worker_steps:MetricsSamplerStep",  # depth/throughput samples for the dashboard charts (ops)
+    "lanes.worker:GcFreezeStep",  # the start's objects out of the collector before the pool forks
 )
 app.steps["worker"].update(WORKER_STEPS)

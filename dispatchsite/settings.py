@@ -7,6 +7,7 @@ point everything at shared PostgreSQL / Redis when running on several machines.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,12 @@ from dispatchsite.runtime import read_runtime, runtime_path, setting
 from dispatchsite.secrets import load_secrets
 
 BASE_DIR = Path(__file__).resolve().parent.parent
+#: django-ninja's folder, found without importing it. Its templates and static files are named by path
+#: (TEMPLATES, STATICFILES_DIRS): the API docs page then loads Swagger UI from this site, not a CDN with
+#: an inline script (the CSP allows neither; ``api.views.SiteSwagger``). Not "ninja" in INSTALLED_APPS: an
+#: app is imported at every process's start, and django-ninja with pydantic is 0.1 s of CPU that workers
+#: and ``manage.py`` commands never use; only the web's URLconf imports it.
+NINJA_DIR = Path(importlib.util.find_spec("ninja").origin).parent
 
 
 def env_bool(name: str, default: bool = False) -> bool:
@@ -44,9 +51,6 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    # django-ninja's own templates and static files: the API docs page then loads
-    # Swagger UI from this site, not a CDN with an inline script (the CSP allows neither).
-    "ninja",
     "django_celery_results",
     "django_celery_beat",  # schedule definitions (interval, crontab, one-off) for tasks.Schedule
     "lanes",
@@ -113,7 +117,7 @@ WSGI_APPLICATION = "dispatchsite.wsgi.application"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "templates", NINJA_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -152,6 +156,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [NINJA_DIR / "static"]  # Swagger UI's files (ninja/...), for the API docs page
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},

@@ -15,11 +15,14 @@
 - ``kill -USR2 <pid>`` writes every thread's stack to the worker's log, in the
   main process and in pool children alike (a hung worker can be diagnosed
   without a debugger).
+- What the start imported is frozen out of the garbage collector before the
+  pool forks (``gc.freeze``), so each fork's full collection skips it.
 """
 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import logging
 import os
 import signal
@@ -43,6 +46,21 @@ class LeaseBookStep(bootsteps.Step):
 
     def __init__(self, worker, **kwargs):
         leases.install(leases.LeaseBook())
+
+
+class GcFreezeStep(bootsteps.Step):
+    """Freeze the start's objects (modules, classes, settings) out of the garbage collector before the pool forks.
+
+    Celery's prefork pool runs a full ``gc.collect()`` before each child it forks (at the start, and at each
+    restart of a child): about 0.09 s of CPU a child over the 130,000 objects a start leaves, none of them
+    garbage. Frozen, a collection skips them, in this process and in the children, which then share those
+    pages instead of copying them when the collector writes to them (CPython's advice for a fork without an
+    exec). Every step's ``__init__`` runs before any step starts, and the pool forks at its start: by then
+    Django is set up and the handlers are imported. Objects made later are collected as usual.
+    """
+
+    def __init__(self, worker, **kwargs):
+        gc.freeze()
 
 
 class StackDumpStep(bootsteps.Step):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from celery import Celery, current_app
 from django.conf import settings
 
-from lanes import keys
+from lanes import consumers, keys
 from lanes.models import Lane, LaneEvent
 from lanes.redis_client import get_redis
 from ops import metrics
@@ -79,9 +79,26 @@ def _app() -> Celery:
 
 
 def consuming_workers(lane: str, timeout: float = CONTROL_TIMEOUT_S) -> list[str]:
-    """Names of the workers that consume ``lane`` now (they answer within ``timeout``)."""
-    replies = _app().control.inspect(timeout=timeout).active_queues() or {}
+    """Names of the workers that consume ``lane`` now (they answer within ``timeout``).
+
+    A broadcast does not know who will answer, so it used to wait out its whole ``timeout``: each
+    pause in the admin cost 2 s. The live workers are known from their heartbeats (every worker
+    beats before it says it is ready, ``lanes.worker.HeartbeatStep``), so the broadcast stops once
+    as many replies as live workers came; one of those it missed (a reply of a worker without a
+    heartbeat took its place) is asked by name. With no heartbeat at all, or a live worker silent
+    (killed, its beat not yet expired), it waits the whole ``timeout`` as before.
+    """
+    live = {beat.hostname for beat in consumers.read_workers(get_redis(), time.time())}
+    replies = _active_queues(timeout, limit=len(live) or None)
+    missing = sorted(live - set(replies))
+    if missing and len(replies) >= len(live):
+        replies.update(_active_queues(timeout, limit=len(missing), destination=missing))
     return sorted(worker for worker, queues in replies.items() if any(q.get("name") == lane for q in queues or []))
+
+
+def _active_queues(timeout: float, limit: int | None, destination: list[str] | None = None) -> dict[str, list]:
+    """``inspect().active_queues()`` that returns after ``limit`` replies (or ``timeout`` without one)."""
+    return _app().control.inspect(timeout=timeout, limit=limit, destination=destination).active_queues() or {}
 
 
 def pause(name: str, actor: str, timeout: float = CONTROL_TIMEOUT_S) -> Outcome:

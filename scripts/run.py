@@ -317,7 +317,8 @@ def run_services(secrets: dict, web_port: int, flower_port: int) -> int:
     for name, group in worker_groups().items():
         for n in range(1, group["instances"] + 1):
             label = name if group["instances"] == 1 else f"{name}{n}"
-            manager.add_process(f"worker-{label}", f"{celery} -A dispatchsite worker -Q {group['queues']} "
+            # dispatchsite.worker: `celery -A dispatchsite worker` without the rest of Celery's command line
+            manager.add_process(f"worker-{label}", f"{PY} -m dispatchsite.worker -Q {group['queues']} "
                                                    f"-n {label}@%h -P {group['pool']} -c {group['concurrency']} "
                                                    f"{'-E ' if events else ''}--without-gossip --without-mingle "
                                                    f"-l {loglevel}",

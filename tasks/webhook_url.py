@@ -23,9 +23,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from urllib3.exceptions import LocationParseError
-from urllib3.util import parse_url
-
 DEFAULT_PORTS = {"http": 80, "https": 443}
 #: Longest URL accepted, in characters.
 MAX_URL_LEN = 2048
@@ -156,6 +153,10 @@ def parse_webhook_url(url: object, allow_list: Iterable[str]) -> WebhookTarget:
                               "options.headers (e.g. Authorization) instead")
     if "%" in authority:
         raise WebhookURLError(f"options.url {shown!r}: percent-encoding is not allowed in the host")
+    # inner import: urllib3 (with ssl and http.client) is 0.05 s of a process's start; only a webhook's check uses it
+    from urllib3.exceptions import LocationParseError
+    from urllib3.util import parse_url
+
     try:
         parsed = parse_url(url)
         other = urlsplit(url)

@@ -9,16 +9,18 @@ import threading
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import urllib3
 from django.conf import settings
 
 from lanes.forksafe import ForkSafeLock
 from tasks.errors import NonRetryableError, RetryableError, TaskCancelled
 from tasks.registry import BatchItem, Context, handler
 from tasks.webhook_url import WebhookTarget, WebhookURLError, parse_webhook_url, pin_addresses, redact_url
+
+if TYPE_CHECKING:
+    import urllib3
 
 RETRYABLE_STATUSES = {408, 425, 429}
 #: Most bytes of a response body read (the rest is not read; the result says so).
@@ -58,6 +60,10 @@ def validate_options(options: dict) -> None:
 def _http() -> urllib3.PoolManager:
     """One pooled client per process (a fork gets a fresh one)."""
     global _pool
+    # inner import: urllib3 (with ssl and http.client) is 0.05 s of every process's start (this module is imported
+    # in every process, to declare the handler); only a send uses it
+    import urllib3
+
     pid = os.getpid()
     if _pool is None or _pool[0] != pid:
         with _pool_lock:
@@ -83,6 +89,8 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
 @handler("http.post", validate_options=validate_options, option_keys=("url", "headers"))
 def post(payload: dict, ctx: Context) -> dict:
     """POST the payload as JSON to options.url; 2xx succeeds, 408/425/429/5xx retry, other 4xx give up."""
+    import urllib3  # inner import: imported by the first send, not by every process's start (see _http)
+
     allow_list = settings.DISPATCH_WEBHOOK_ALLOWED_HOSTS
     try:
         target = parse_webhook_url(ctx.options.get("url"), allow_list)

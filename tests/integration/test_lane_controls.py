@@ -23,8 +23,8 @@ def _started(rc, lane: str, ttype: str) -> int:
 
 
 def _consumers(lane: str, workers) -> list[str]:
-    """Which of the test's ``workers`` consume ``lane``, once every one of them answered: what
-    ``control.consuming_workers`` tells (it waits its whole timeout, not knowing who will answer)."""
+    """Which of the test's ``workers`` consume ``lane``, once every one of them answered (asked by name:
+    ``control.consuming_workers`` asks everyone, and would wait for a killed worker whose beat lives on)."""
     from celery import current_app
 
     names = [f"{w.name}@{_hostname()}" for w in workers]
@@ -76,6 +76,30 @@ def _hostname() -> str:
     import socket
 
     return socket.gethostname()
+
+
+def test_consuming_workers_stops_once_every_live_worker_answered(rc, start_worker):
+    """The broadcast knows who will answer from the heartbeats: it returns when they all did, instead of
+    waiting out its timeout (2 s a pause in the admin, 60 s here)."""
+    from celery import current_app
+
+    from lanes.consumers import read_workers
+
+    lane, other = unique("cw"), unique("cw-other")
+    pair = start_worker.many(2, lane, concurrency=1)
+    bystander = start_worker(other, concurrency=1)
+
+    def every_live_worker_answers() -> bool:  # a worker another test killed has its beat expire (10 s)
+        live = sorted({beat.hostname for beat in read_workers(rc, time.time())})
+        replies = current_app.control.inspect(destination=live, timeout=1, limit=len(live)).ping() or {}
+        return sorted(replies) == live
+
+    wait_until(every_live_worker_answers, timeout=30)
+    started = time.monotonic()
+    consuming = control.consuming_workers(lane, timeout=60)
+    assert time.monotonic() - started < 30  # the old broadcast took the whole 60 s
+    assert consuming == sorted(f"{w.name}@{_hostname()}" for w in pair)
+    assert f"{bystander.name}@{_hostname()}" not in consuming
 
 
 def test_close_and_open_from_the_command_line(monkeypatch):

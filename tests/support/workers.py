@@ -12,13 +12,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).parent / "celery")
+#: A worker's command: ``celery -A dispatchsite worker`` without the rest of Celery's CLI (dispatchsite.worker).
+WORKER = [sys.executable, "-m", "dispatchsite.worker"]
 
 
 class Worker:
     def __init__(self, queues: str, log_dir: Path, pool: str = "prefork", concurrency: int = 2,
                  env: dict[str, str] | None = None, name: str | None = None, extra: list[str] | None = None,
-                 host: str | None = None) -> None:
+                 host: str | None = None, command: list[str] | None = None) -> None:
         self.queues = queues
+        #: What starts it: ``WORKER``, or e.g. ``[CELERY, "-A", "dispatchsite", "worker"]`` (the same worker).
+        self.command = command or WORKER
         self.name = name or f"w{uuid.uuid4().hex[:6]}"
         self.log_path = log_dir / f"worker-{self.name}.log"
         self.pool = pool
@@ -44,7 +48,7 @@ class Worker:
         log = open(self.log_path, "ab")
         self._terminating = False
         self.proc = subprocess.Popen(
-            [CELERY, "-A", "dispatchsite", "worker", "-Q", self.queues, "-n", f"{self.name}@{self.host or '%h'}",
+            [*self.command, "-Q", self.queues, "-n", f"{self.name}@{self.host or '%h'}",
              "-P", self.pool, "-c", str(self.concurrency), "-l", "INFO", "--without-gossip", "--without-mingle",
              *self.extra],
             cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,

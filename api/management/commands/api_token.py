@@ -4,10 +4,12 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
 from api.models import ServiceToken
+from tasks import commands
 from tasks.output import dumps
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = ("Service tokens of the HTTP API: 'create NAME --type T [--type T ...]' prints the token once; "
             "'revoke NAME'; 'list'. [--retry-policy P ...] [--reads-broker-tasks] [--lane-share PCT]")
 

@@ -6,9 +6,11 @@ from pathlib import Path
 from django.core.management.base import BaseCommand
 
 from api.openapi import schema_text
+from tasks import commands
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = "Write the HTTP API's OpenAPI schema (default docs/openapi.json; CI checks it matches the served one)."
 
     def add_arguments(self, parser):

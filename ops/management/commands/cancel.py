@@ -17,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from lanes.models import Lane
 from ops import control
 from tasks import cancel as cancelling
+from tasks import commands
 from tasks.output import dumps, table
 from tasks.shell_actor import shell_actor
 
@@ -25,6 +26,7 @@ TOOK_EFFECT = {"cancelled", "running_told", "already_cancelled"}
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = ("Cancel a task by id, everything queued for a chat (--chat), the task an idempotency key names "
             "(--key TYPE KEY), or every task waiting in a lane (--lane NAME --queued, typed confirmation or --yes). "
             "Exit 0: took effect; 1: nothing to cancel; 2: usage; 3: Redis did not answer.")

@@ -5,10 +5,12 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from lanes import capacity
+from tasks import commands
 from tasks.output import dumps, table
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = ("Print the Redis cores and memory that --rate tasks/s with up to --backlog waiting tasks need on a path "
             "(plain, chat, limited, batched, bulk), from the measured costs in lanes/capacity.py (docs/scaling.md).")
 

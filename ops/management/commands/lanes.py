@@ -8,13 +8,14 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from ops import control, metrics
-from tasks import registry
+from tasks import commands, registry
 from tasks.models import TaskType
 from tasks.output import dumps, table
 from tasks.shell_actor import shell_actor
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = ("Per lane: depth, in flight, rates, latency, failures, dead letters (the dashboard's table), "
             "then per limit: rate, in flight, waiting, throttled, busiest keys; "
             "or change a lane: --close/--open/--pause/--resume/--drain NAME.")

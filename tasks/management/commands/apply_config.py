@@ -5,11 +5,13 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from lanes.config_version import ConfigVersionNotPublished
+from tasks import commands
 from tasks.config_io import apply_config
 from tasks.errors import ConfigError
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = "Upsert lanes, retry policies and task types from a JSON file, all or nothing."
 
     def add_arguments(self, parser):

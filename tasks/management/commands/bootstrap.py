@@ -9,13 +9,14 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from lanes.models import Lane
-from tasks import registry
+from tasks import commands, registry
 from tasks.config_io import apply_config, default_config_for, with_web_port
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "defaults" / "default_config.json"
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = "Prepare a fresh install: migrate, create the admin user, apply the default config once."
 
     def handle(self, *args, **opts):

@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from lanes.models import Lane
-from tasks import dead_letters
+from tasks import commands, dead_letters
 from tasks.models import DeadLetter, TaskType
 from tasks.output import dumps, table
 from tasks.reasons import DEAD_REASONS
@@ -11,6 +11,7 @@ from tasks.shell_actor import shell_actor
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = "List dead letters, or requeue / discard one by id or task id."
 
     def add_arguments(self, parser):

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from lanes import records
 from lanes.redis_client import get_redis
-from tasks import bulk, owners
+from tasks import bulk, commands, owners
 from tasks.bulk_file import dispatch_lines
 from tasks.dispatch import admit
 from tasks.output import HelpFormatter, dumps
@@ -39,6 +39,7 @@ exit codes:
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = "Dispatch one task and print its DispatchResult as JSON (--wait also waits for the outcome)."
 
     def create_parser(self, prog_name, subcommand, **kwargs):

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
+from tasks import commands
 from tasks.config_io import export_config
 from tasks.output import dumps
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = "Print lanes, retry policies and task types in the apply_config format."
 
     def add_arguments(self, parser):
