@@ -8,11 +8,13 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks import commands
 from tasks.output import dumps
 from tools import backlog
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = ("In its own Redis and scratch database: pause a lane, fill it with --tasks waiting tasks (dispatch_many) "
             "while another lane's admission latency is probed and the dashboard and `manage.py lanes` are timed, "
             "then resume and drain it, checking that every task ran once. Prints the report as JSON.")

@@ -8,11 +8,13 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks import commands
 from tasks.output import dumps, table
 from tools import benchmark
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = (
         "Side-by-side benchmark on this machine: dispatch-only calls/s and end-to-end tasks/s (no-op and 20 ms "
         "I/O) of plain Celery, the platform's plain and chat-scoped types, and Dramatiq, Huey and taskiq at their "

@@ -8,11 +8,13 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks import commands
 from tasks.output import dumps, table
 from tools.bulkbench import produce_bulk, run_bulkbench
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = ("Dispatch N items of a plain type as a loop of dispatch.delay and as dispatch_many, side by side in one "
             "run (own Redis and scratch database, nobody consuming); prints items/s medians and the ratio.")
 

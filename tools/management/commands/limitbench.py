@@ -7,11 +7,13 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks import commands
 from tasks.output import dumps
 from tools.limitbench import run_limitbench
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = ("Against the running workers: a global limit's applied rate when demand exceeds it, and a fair-share "
             "limit's completion shares per key vs its weights (tasks of the loadtest.sink handler).")
 

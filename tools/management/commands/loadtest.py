@@ -7,6 +7,7 @@ import threading
 
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks import commands
 from tasks.output import HelpFormatter, dumps, table
 from tools import loadtest
 
@@ -25,6 +26,7 @@ def int_list(text: str) -> list[int]:
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = (
         "Stepped, open-loop load test of a running platform with verification: per step offered/accepted/"
         "completed rates, dispatch and end-to-end latency, drain time, lost/duplicate/out-of-order effects and "

@@ -7,11 +7,13 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks import commands
 from tasks.output import dumps, table
 from tools import memory
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = ("Fill a fresh Redis per system with N waiting tasks (nobody consuming) and print bytes per task: "
             "INFO used_memory after - before, and the platform's by part (MEMORY USAGE of every key it added).")
 

@@ -9,6 +9,7 @@ import sys
 
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks import commands
 from tasks.output import HelpFormatter, dumps, table
 from tools import smsload
 from tools.management.commands.loadtest import int_list
@@ -38,6 +39,7 @@ def _default(dest: str):
 
 
 class Command(BaseCommand):
+    requires_system_checks = commands.CHECKS
     help = (
         "Seed 004's acceptance: the SMS demo stepped through --steps msg/s (sms.submit batched, sms.submit_one "
         "unbatched, or both side by side), on DATABASE_URL (a scratch SQLite file when unset), with its own Redis, "
