@@ -23,15 +23,17 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import urllib3
 from django.db import transaction
 
 from tasks.errors import NonRetryableError, RetryableError
 from tasks.registry import BatchItem, Context, handler
 from tools.models import SmsMessage
+
+if TYPE_CHECKING:
+    import urllib3
 
 #: Seconds a throttled message waits before it is sent again.
 THROTTLED_RETRY_S = 0.2
@@ -41,6 +43,8 @@ _pool: urllib3.PoolManager | None = None
 def _http() -> urllib3.PoolManager:
     global _pool
     if _pool is None:
+        import urllib3  # on the first request: every process that declares the demo's types imports this module
+
         _pool = urllib3.PoolManager(maxsize=32)
     return _pool
 
@@ -70,6 +74,8 @@ def submit_one(payload: dict, ctx: Context) -> dict:
 
 def submit_many(items: list[BatchItem]) -> list[Any]:
     """One outcome per item: ``{"submit_id": ...}`` or the item's error."""
+    import urllib3
+
     outcomes: list[Any] = [None] * len(items)
     keys = [ctx.idempotency_key for _, ctx in items]
     known = dict(SmsMessage.objects.filter(key__in=keys).values_list("key", "submit_id"))
