@@ -58,6 +58,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from celery import signals as celery_signals
 from celery import states
 from celery.app.task import Context as CeleryContext
@@ -250,18 +251,17 @@ class Runner:
         if headers.get(LEASED_HEADER) is not True or not isinstance(headers.get(RECORD_HEADER), str):
             return None
         try:
-            args, kwargs, _embed = json.loads(message.body)
+            args, kwargs, _embed = _loads(message.body)
             if args or set(kwargs) != {"payload", "dispatch"} or not isinstance(kwargs["payload"], dict):
                 return None
             env = Envelope.from_dict(kwargs["dispatch"])
             task_id = headers["id"]
         except (TypeError, ValueError, KeyError):
             return None
-        request = CeleryContext(
+        request = request_context(
             id=task_id, task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
-            shadow=headers.get("shadow"), hostname=self.hostname, periodic_task_name=None, meta={}, children=[],
-            dispatch_settle=None,
-            timelimit=None, retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
+            shadow=headers.get("shadow"), hostname=self.hostname, children=[], timelimit=None,
+            retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
         )
         attempt = Attempt(task, env, kwargs["payload"], task_id=task_id, request=request)
         item = Item(attempt, message, ack, reject, headers.get("shadow") or task.name)
@@ -416,7 +416,7 @@ class Runner:
         """Anything but a plain 'run' claim (finished, busy, poison, stale, ...): the single path decides."""
         attempt = item.attempt
         task = attempt.task
-        task.push_request(**vars(attempt.request))
+        task.request_stack.push(attempt.request)  # the attempt's own request: no copy
         try:
             try:
                 value = attempt.run()
@@ -448,7 +448,7 @@ class Runner:
         with self._mutex:
             item.watch_until = time.monotonic() + limit
             self._running[id(item)] = item
-        task.push_request(**vars(attempt.request))
+        task.request_stack.push(attempt.request)  # the attempt's own request: no copy
         celery_signals.task_prerun.send(sender=task, task_id=attempt.task_id, task=task, args=(),
                                         kwargs={"payload": attempt.payload})
         try:
@@ -655,6 +655,28 @@ class Runner:
     @staticmethod
     def _start(name: str, target: Callable[[], None]) -> None:
         threading.Thread(target=target, name=name, daemon=True).start()
+
+
+#: What ``request_context`` adds to a request, the fields Celery's ``Context`` keeps among its custom headers too.
+_PLATFORM_FIELDS = ("periodic_task_name", "meta", "dispatch_settle")
+
+
+def _loads(text: str | bytes) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # an int past 64 bits: json reads what the caller's json wrote
+        return json.loads(text)
+
+
+def request_context(**fields: Any) -> CeleryContext:
+    """A task request (``task.request`` while its handler runs) with the platform's fields: what
+    ``CeleryContext(**fields, periodic_task_name=None, meta={}, dispatch_settle=None)`` makes, without its
+    per-call scan for custom headers (those are always the platform's three fields here)."""
+    request = CeleryContext.__new__(CeleryContext)
+    meta: dict[str, Any] = {}
+    request.__dict__.update(fields, periodic_task_name=None, meta=meta, dispatch_settle=None,
+                            headers={"periodic_task_name": None, "meta": meta, "dispatch_settle": None})
+    return request
 
 
 def _done_items(done: list[tuple[Item, Any, str]]) -> list[DoneItem]:

@@ -199,3 +199,32 @@ def test_a_claim_no_replica_confirmed_is_not_run_and_its_lease_brings_it_back(st
     start_worker(lane, concurrency=1)
     assert result.get(timeout=30) == {"status": 200}
     assert sink.sink.applied == {result.task_id: 1}
+
+
+def test_the_channels_own_calls_reuse_one_client(kombu_queue, monkeypatch):
+    """The pop and the poll's look build no ``Redis`` object per call (kombu's ``conn_or_acquire`` did, once
+    a pop: its response callbacks and all, on the worker's event loop); a new pool gets a new client."""
+    import redis
+    from kombu.transport.redis import Empty
+
+    _conn, channel, queue, _publish = kombu_queue
+    lane = keys.lane_queue(unique("reuse"), 0)
+    channel._holds_any([lane])  # the first calls make the channel's client and load the script
+    with pytest.raises(Empty):
+        channel._get(lane)
+    made = []
+    original = redis.Redis.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "__init__", counting)
+    for _ in range(5):
+        assert channel._holds_any([lane]) is False
+        with pytest.raises(Empty):
+            channel._get(lane)
+    assert made == [], f"{len(made)} Redis clients built for 10 calls"
+    first = channel._calls()
+    channel._disconnect_pools()  # what a reconnect does to the channel's pools
+    assert channel._calls() is not first and channel._calls().connection_pool is channel.pool
