@@ -77,7 +77,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
@@ -403,9 +405,26 @@ class Channel(kombu_redis.Channel):
         except Exception:  # as kombu's own restore: the poll finds the message within a second
             logger.error("doorbell_not_rung lane_of=%r", routing_key, exc_info=True)
 
+    def _taker(self, item: bytes | Popped, raw: dict, queue: str) -> Callable[[Any], None] | None:
+        """Who takes a popped platform message straight from the pop (``LeaseBook.taker_of``: a grouping
+        worker's runner), or None: kombu's delivery (its consumer callback, then Celery's dispatch by task
+        name). Only a record's message on a consumed queue of an acking consumer, as kombu would deliver it."""
+        taker_of = self.lease_book.taker_of
+        if (taker_of is None or not isinstance(item, Popped) or not item.tag or self.no_ack_consumers
+                or queue not in self.connection._callbacks):
+            return None
+        return taker_of(raw)
+
     def _deliver_popped(self, item: bytes | Popped, queue: str) -> None:
         try:
-            self.connection._deliver(_message_of(item), queue)
+            raw = _message_of(item)
+            take = self._taker(item, raw, queue)
+            if take is None:
+                self.connection._deliver(raw, queue)
+            else:  # as kombu's basic_consume callback, then straight to the runner (no consumer dispatch)
+                message = self.Message(raw, channel=self)
+                self.qos.append(message, message.delivery_tag)
+                take(message)
         except self.connection_errors:
             raise
         except Exception as exc:  # noqa: BLE001 - any undecodable message must not end the worker

@@ -215,6 +215,8 @@ class Runner:
         # Claims must reach the replicas before a run (DISPATCH_REPLICA_ACKS): there the run threads claim.
         if settings.DISPATCH_CLAIM_AT_POP and settings.DISPATCH_REPLICA_ACKS <= 0:
             leases.current().pop_claims = self._pop_claims
+        # This runner's messages come straight from the transport's pop (``_taker_of``).
+        leases.current().taker_of = self._taker_of
 
     @property
     def events(self) -> Any:
@@ -237,6 +239,34 @@ class Runner:
             return None
         self._pop_seq += 1
         return PopClaims(room, self.handlers, f"{leases.process_id()}:p{self._pop_seq}.")
+
+    def _taker_of(self, raw: dict) -> Callable[[Any], None] | None:
+        """The lane consumer fed by the pop (``lanes.transport``): a popped message of a handler of this runner
+        comes to ``_take`` instead of kombu's consumer callback and Celery's dispatch by task name (two promises
+        and a strategy lookup a message, then ``strategy``'s work); None: that path, as before (not this
+        runner's handler, stopping, no task consumer, or Celery still restoring its prefetch after a
+        reconnect, which its own dispatch does on the acks). The event loop's thread calls it."""
+        consumer = self.consumer
+        if self.stopping or getattr(consumer, "task_consumer", None) is None or not _prefetch_settled(consumer):
+            return None
+        headers = raw.get("headers")
+        if not isinstance(headers, dict) or headers.get("task") not in self.handlers:
+            return None
+        return self._take
+
+    def _take(self, message: Any) -> None:
+        """A popped message, in the channel's QoS: run here, or (unreadable, or stopping and unclaimed) passed
+        to kombu's consumer as it would have been, and so to Celery's own path."""
+        consumer = self.consumer
+        task = consumer.app.tasks[message.headers["task"]]
+        # What Celery's dispatch gives a strategy: the ack and reject, each sent from the event loop's thread.
+        ack = functools.partial(consumer.call_soon_ack, message.ack_log_error)
+        reject = functools.partial(consumer.call_soon_ack, message.reject_log_error)
+        item = self.item_of(task, message, ack, reject)
+        if item is None or (self.stopping and not item.claimed):
+            consumer.task_consumer._receive_callback(message)
+            return
+        self.submit(item)
 
     def item_of(self, task: Any, message: Any, ack: Any, reject: Any) -> Item | None:
         """The message as an item, or None for Celery's own path (not a leased platform message, or malformed)."""
@@ -677,6 +707,14 @@ def request_context(**fields: Any) -> CeleryContext:
     request.__dict__.update(fields, periodic_task_name=None, meta=meta, dispatch_settle=None,
                             headers={"periodic_task_name": None, "meta": meta, "dispatch_settle": None})
     return request
+
+
+def _prefetch_settled(consumer: Any) -> bool:
+    """False while Celery's dispatch restores its prefetch count after a reconnect, on the next acks
+    (``Consumer.create_task_handler``): then the messages take that dispatch."""
+    return not (not getattr(consumer, "_maximum_prefetch_restored", True)
+                and getattr(consumer, "restart_count", 0) > 0
+                and getattr(consumer, "_new_prefetch_count", 0) <= getattr(consumer, "max_prefetch_count", 0))
 
 
 def _done_items(done: list[tuple[Item, Any, str]]) -> list[DoneItem]:
