@@ -207,7 +207,7 @@ def test_the_channels_own_calls_reuse_one_client(kombu_queue, monkeypatch):
     import redis
     from kombu.transport.redis import Empty
 
-    _conn, channel, queue, _publish = kombu_queue
+    _conn, channel, _queue, _publish = kombu_queue
     lane = keys.lane_queue(unique("reuse"), 0)
     channel._holds_any([lane])  # the first calls make the channel's client and load the script
     with pytest.raises(Empty):
