@@ -706,6 +706,10 @@ def request_context(**fields: Any) -> CeleryContext:
     meta: dict[str, Any] = {}
     request.__dict__.update(fields, periodic_task_name=None, meta=meta, dispatch_settle=None,
                             headers={"periodic_task_name": None, "meta": meta, "dispatch_settle": None})
+    if "timelimit" in fields:  # as Context.update: the limits it names, cleared when it names none
+        limits = fields["timelimit"]
+        both = isinstance(limits, (list, tuple)) and len(limits) >= 2
+        request.time_limit, request.soft_time_limit = (limits[0], limits[1]) if both else (None, None)
     return request
 
 
