@@ -106,6 +106,10 @@ class LeaseBook:
         #: Set by a worker whose run threads take messages claimed at the pop (``tasks.grouping.Runner``):
         #: what the next pop may claim (``lanes.lua.pop_more.PopClaims``), or None.
         self.pop_claims: Callable[[], Any] | None = None
+        #: Set by the same runner: given a popped platform message (kombu's raw dict), the callable that takes
+        #: its kombu ``Message`` straight from the pop (the channel's QoS holds it already), or None for
+        #: kombu's delivery to Celery's consumer (``lanes.transport.Channel._deliver_popped``).
+        self.taker_of: Callable[[dict], Callable[[Any], None] | None] | None = None
 
     def registered(self) -> bool:
         """Whether this process's liveness entry was written by one of its beats (claims need not write it)."""

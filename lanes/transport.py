@@ -77,7 +77,9 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from functools import cached_property
+from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
@@ -215,6 +217,19 @@ class Channel(kombu_redis.Channel):
         self._bells, self._looked_at_all = {}, {}
         super().__init__(*args, **kwargs)
 
+    _sync_client: redis.Redis | None = None
+
+    def _calls(self) -> redis.Redis:
+        """The channel's client for its own synchronous calls (the pop, the poll's look, a ring): kombu's
+        ``conn_or_acquire`` builds a new ``Redis`` object each time (its response callbacks and all), once
+        a pop; this one is built once per connection pool (a reconnect makes a new pool, and so a new
+        client; ``_connparams`` refuses a pool once the broker connection is closed)."""
+        pool = self.pool
+        client = self._sync_client
+        if client is None or client.connection_pool is not pool:
+            client = self._sync_client = self._create_client()
+        return client
+
     @cached_property
     def lease_book(self) -> leases.LeaseBook:
         """The process's lease book (``lanes.worker.LeaseBookStep``): what this channel pops is in its hand."""
@@ -301,9 +316,9 @@ class Channel(kombu_redis.Channel):
         if not self._is_lane(queue):
             return super()._get(queue)
         lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps]
-        with self.conn_or_acquire() as client:
-            popped = pop_more(client, queue, lists, 1, None, book=self.lease_book)
-            self._maybe_update_queues_expire(client, queue)
+        client = self._calls()
+        popped = pop_more(client, queue, lists, 1, None, book=self.lease_book)
+        self._maybe_update_queues_expire(client, queue)
         if not popped:
             raise kombu_redis.Empty()
         [popped_item] = popped  # room for one
@@ -320,8 +335,7 @@ class Channel(kombu_redis.Channel):
         """Whether any list of ``lanes`` holds a message (one EXISTS: an idle worker's poll costs
         one command a second, whatever its lanes)."""
         names = [self._q_for_pri(lane, pri) for lane in lanes for pri in self.priority_steps]
-        with self.conn_or_acquire() as client:
-            return bool(client.exists(*names))
+        return bool(self._calls().exists(*names))
 
     def _room(self) -> int:
         estimate = self.qos.can_consume_max_estimate()
@@ -347,8 +361,7 @@ class Channel(kombu_redis.Channel):
         # The claim at the pop: a worker whose run threads wait for work has them claimed here (one round
         # trip less a task); what runs them takes each claim from the book (tasks.grouping).
         claims = book.pop_claims() if book.pop_claims is not None else None
-        with self.conn_or_acquire() as client:
-            popped = pop_more(client, lane, lists, max(1, self._room()), bits, book=book, claims=claims)
+        popped = pop_more(self._calls(), lane, lists, max(1, self._room()), bits, book=book, claims=claims)
         try:
             for item in popped:
                 self._popped_in_hand = item.record
@@ -363,8 +376,7 @@ class Channel(kombu_redis.Channel):
         """Put back a doorbell token this channel took and will not act on."""
         bits = _token_bits(token)
         try:
-            with self.conn_or_acquire() as client:
-                ring(client, lane, (1 << len(self.priority_steps)) - 1 if bits is None else bits)
+            ring(self._calls(), lane, (1 << len(self.priority_steps)) - 1 if bits is None else bits)
         except Exception:  # the other workers' poll finds the messages within a second
             logger.warning("doorbell_not_rung_again lane=%s", lane, exc_info=True)
 
@@ -393,9 +405,26 @@ class Channel(kombu_redis.Channel):
         except Exception:  # as kombu's own restore: the poll finds the message within a second
             logger.error("doorbell_not_rung lane_of=%r", routing_key, exc_info=True)
 
+    def _taker(self, item: bytes | Popped, raw: dict, queue: str) -> Callable[[Any], None] | None:
+        """Who takes a popped platform message straight from the pop (``LeaseBook.taker_of``: a grouping
+        worker's runner), or None: kombu's delivery (its consumer callback, then Celery's dispatch by task
+        name). Only a record's message on a consumed queue of an acking consumer, as kombu would deliver it."""
+        taker_of = self.lease_book.taker_of
+        if (taker_of is None or not isinstance(item, Popped) or not item.tag or self.no_ack_consumers
+                or queue not in self.connection._callbacks):
+            return None
+        return taker_of(raw)
+
     def _deliver_popped(self, item: bytes | Popped, queue: str) -> None:
         try:
-            self.connection._deliver(_message_of(item), queue)
+            raw = _message_of(item)
+            take = self._taker(item, raw, queue)
+            if take is None:
+                self.connection._deliver(raw, queue)
+            else:  # as kombu's basic_consume callback, then straight to the runner (no consumer dispatch)
+                message = self.Message(raw, channel=self)
+                self.qos.append(message, message.delivery_tag)
+                take(message)
         except self.connection_errors:
             raise
         except Exception as exc:  # noqa: BLE001 - any undecodable message must not end the worker

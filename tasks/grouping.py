@@ -58,6 +58,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from celery import signals as celery_signals
 from celery import states
 from celery.app.task import Context as CeleryContext
@@ -214,6 +215,8 @@ class Runner:
         # Claims must reach the replicas before a run (DISPATCH_REPLICA_ACKS): there the run threads claim.
         if settings.DISPATCH_CLAIM_AT_POP and settings.DISPATCH_REPLICA_ACKS <= 0:
             leases.current().pop_claims = self._pop_claims
+        # This runner's messages come straight from the transport's pop (``_taker_of``).
+        leases.current().taker_of = self._taker_of
 
     @property
     def events(self) -> Any:
@@ -237,6 +240,34 @@ class Runner:
         self._pop_seq += 1
         return PopClaims(room, self.handlers, f"{leases.process_id()}:p{self._pop_seq}.")
 
+    def _taker_of(self, raw: dict) -> Callable[[Any], None] | None:
+        """The lane consumer fed by the pop (``lanes.transport``): a popped message of a handler of this runner
+        comes to ``_take`` instead of kombu's consumer callback and Celery's dispatch by task name (two promises
+        and a strategy lookup a message, then ``strategy``'s work); None: that path, as before (not this
+        runner's handler, stopping, no task consumer, or Celery still restoring its prefetch after a
+        reconnect, which its own dispatch does on the acks). The event loop's thread calls it."""
+        consumer = self.consumer
+        if self.stopping or getattr(consumer, "task_consumer", None) is None or not _prefetch_settled(consumer):
+            return None
+        headers = raw.get("headers")
+        if not isinstance(headers, dict) or headers.get("task") not in self.handlers:
+            return None
+        return self._take
+
+    def _take(self, message: Any) -> None:
+        """A popped message, in the channel's QoS: run here, or (unreadable, or stopping and unclaimed) passed
+        to kombu's consumer as it would have been, and so to Celery's own path."""
+        consumer = self.consumer
+        task = consumer.app.tasks[message.headers["task"]]
+        # What Celery's dispatch gives a strategy: the ack and reject, each sent from the event loop's thread.
+        ack = functools.partial(consumer.call_soon_ack, message.ack_log_error)
+        reject = functools.partial(consumer.call_soon_ack, message.reject_log_error)
+        item = self.item_of(task, message, ack, reject)
+        if item is None or (self.stopping and not item.claimed):
+            consumer.task_consumer._receive_callback(message)
+            return
+        self.submit(item)
+
     def item_of(self, task: Any, message: Any, ack: Any, reject: Any) -> Item | None:
         """The message as an item, or None for Celery's own path (not a leased platform message, or malformed)."""
         try:
@@ -250,18 +281,17 @@ class Runner:
         if headers.get(LEASED_HEADER) is not True or not isinstance(headers.get(RECORD_HEADER), str):
             return None
         try:
-            args, kwargs, _embed = json.loads(message.body)
+            args, kwargs, _embed = _loads(message.body)
             if args or set(kwargs) != {"payload", "dispatch"} or not isinstance(kwargs["payload"], dict):
                 return None
             env = Envelope.from_dict(kwargs["dispatch"])
             task_id = headers["id"]
         except (TypeError, ValueError, KeyError):
             return None
-        request = CeleryContext(
+        request = request_context(
             id=task_id, task=task.name, argsrepr=headers.get("argsrepr"), kwargsrepr=headers.get("kwargsrepr"),
-            shadow=headers.get("shadow"), hostname=self.hostname, periodic_task_name=None, meta={}, children=[],
-            dispatch_settle=None,
-            timelimit=None, retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
+            shadow=headers.get("shadow"), hostname=self.hostname, children=[], timelimit=None,
+            retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
         )
         attempt = Attempt(task, env, kwargs["payload"], task_id=task_id, request=request)
         item = Item(attempt, message, ack, reject, headers.get("shadow") or task.name)
@@ -416,7 +446,7 @@ class Runner:
         """Anything but a plain 'run' claim (finished, busy, poison, stale, ...): the single path decides."""
         attempt = item.attempt
         task = attempt.task
-        task.push_request(**vars(attempt.request))
+        task.request_stack.push(attempt.request)  # the attempt's own request: no copy
         try:
             try:
                 value = attempt.run()
@@ -448,7 +478,7 @@ class Runner:
         with self._mutex:
             item.watch_until = time.monotonic() + limit
             self._running[id(item)] = item
-        task.push_request(**vars(attempt.request))
+        task.request_stack.push(attempt.request)  # the attempt's own request: no copy
         celery_signals.task_prerun.send(sender=task, task_id=attempt.task_id, task=task, args=(),
                                         kwargs={"payload": attempt.payload})
         try:
@@ -655,6 +685,40 @@ class Runner:
     @staticmethod
     def _start(name: str, target: Callable[[], None]) -> None:
         threading.Thread(target=target, name=name, daemon=True).start()
+
+
+#: What ``request_context`` adds to a request, the fields Celery's ``Context`` keeps among its custom headers too.
+_PLATFORM_FIELDS = ("periodic_task_name", "meta", "dispatch_settle")
+
+
+def _loads(text: str | bytes) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:  # an int past 64 bits: json reads what the caller's json wrote
+        return json.loads(text)
+
+
+def request_context(**fields: Any) -> CeleryContext:
+    """A task request (``task.request`` while its handler runs) with the platform's fields: what
+    ``CeleryContext(**fields, periodic_task_name=None, meta={}, dispatch_settle=None)`` makes, without its
+    per-call scan for custom headers (those are always the platform's three fields here)."""
+    request = CeleryContext.__new__(CeleryContext)
+    meta: dict[str, Any] = {}
+    request.__dict__.update(fields, periodic_task_name=None, meta=meta, dispatch_settle=None,
+                            headers={"periodic_task_name": None, "meta": meta, "dispatch_settle": None})
+    if "timelimit" in fields:  # as Context.update: the limits it names, cleared when it names none
+        limits = fields["timelimit"]
+        both = isinstance(limits, (list, tuple)) and len(limits) >= 2
+        request.time_limit, request.soft_time_limit = (limits[0], limits[1]) if both else (None, None)
+    return request
+
+
+def _prefetch_settled(consumer: Any) -> bool:
+    """False while Celery's dispatch restores its prefetch count after a reconnect, on the next acks
+    (``Consumer.create_task_handler``): then the messages take that dispatch."""
+    return not (not getattr(consumer, "_maximum_prefetch_restored", True)
+                and getattr(consumer, "restart_count", 0) > 0
+                and getattr(consumer, "_new_prefetch_count", 0) <= getattr(consumer, "max_prefetch_count", 0))
 
 
 def _done_items(done: list[tuple[Item, Any, str]]) -> list[DoneItem]:

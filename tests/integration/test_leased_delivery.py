@@ -199,3 +199,81 @@ def test_a_claim_no_replica_confirmed_is_not_run_and_its_lease_brings_it_back(st
     start_worker(lane, concurrency=1)
     assert result.get(timeout=30) == {"status": 200}
     assert sink.sink.applied == {result.task_id: 1}
+
+
+def test_the_channels_own_calls_reuse_one_client(kombu_queue, monkeypatch):
+    """The pop and the poll's look build no ``Redis`` object per call (kombu's ``conn_or_acquire`` did, once
+    a pop: its response callbacks and all, on the worker's event loop); a new pool gets a new client."""
+    import redis
+    from kombu.transport.redis import Empty
+
+    _conn, channel, _queue, _publish = kombu_queue
+    lane = keys.lane_queue(unique("reuse"), 0)
+    channel._holds_any([lane])  # the first calls make the channel's client and load the script
+    with pytest.raises(Empty):
+        channel._get(lane)
+    made = []
+    original = redis.Redis.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.Redis, "__init__", counting)
+    for _ in range(5):
+        assert channel._holds_any([lane]) is False
+        with pytest.raises(Empty):
+            channel._get(lane)
+    assert made == [], f"{len(made)} Redis clients built for 10 calls"
+    first = channel._calls()
+    channel._disconnect_pools()  # what a reconnect does to the channel's pools
+    assert channel._calls() is not first and channel._calls().connection_pool is channel.pool
+
+
+def _drained(conn) -> None:
+    try:
+        conn.drain_events(timeout=0.5)
+    except TimeoutError:
+        pass
+
+
+@pytest.mark.parametrize("taker", [True, False], ids=["a runner takes it", "kombu's delivery"])
+def test_a_popped_platform_message_goes_straight_to_the_lease_books_taker(redis_server, rc, taker):
+    """A grouping worker's runner (``LeaseBook.taker_of``) takes a popped platform message from the pop
+    itself: a kombu ``Message`` in the channel's QoS (acked, prefetch freed, handed back at close as any
+    other), never through kombu's consumer callback; without a taker, or when it declines, kombu's
+    delivery as before."""
+    from django.conf import settings
+    from kombu import Consumer
+
+    from lanes import leases
+
+    type_name, lane = unique("direct"), unique("l-direct")
+    define(type_name, lane=lane)
+    result = dispatch.delay(type_name, {"n": 1})
+    book = leases.current()
+    offered, taken, received = [], [], []
+    book.taker_of = lambda raw: offered.append(raw) or (taken.append if taker else None)
+    try:
+        with Connection(redis_server.url, transport=TRANSPORT,
+                        transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS) as conn:
+            channel = conn.channel()
+            queue = Queue(lane, Exchange(lane, type="direct"), routing_key=lane, channel=channel)
+            with Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)],
+                          accept=["json"]):
+                wait_until(lambda: _drained(conn) or taken or received, timeout=10)
+            [raw] = offered
+            assert raw["headers"]["id"] == result.task_id
+            if taker:
+                [message] = taken
+                assert received == []
+                assert message.headers["id"] == result.task_id
+                assert channel.qos._delivered[message.delivery_tag] is message
+                message.ack()
+                assert message.delivery_tag not in channel.qos._delivered or channel.qos.can_consume()
+            else:
+                [message] = received
+                assert taken == [] and message.headers["id"] == result.task_id
+                message.ack()
+    finally:
+        book.taker_of = None
