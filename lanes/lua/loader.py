@@ -1,5 +1,10 @@
-"""Loads the Lua scripts (each ``<name>.lua`` prefixed with the ``lanes.keys`` constants it may use
-(``prelude``) and ``_lib.lua``, its ``--! include`` lines filled in) and runs them.
+"""Loads the Lua scripts (each ``<name>.lua``, its ``--! include`` lines filled in, prefixed with the
+``lanes.keys`` constants (``prelude``) and ``_lib.lua`` blocks it uses) and runs them.
+
+Each EVALSHA runs a script's top level again, which re-creates every ``local function`` closure ahead of
+its body: prelude + the whole ``_lib.lua`` cost about 46K instructions a call (callgrind). So a script carries only the
+``_lib.lua`` blocks (top-level ``local function NAME(`` / ``local NAME =``) and constants it names,
+transitively, in their order (``select_lib``): its text is a subset of prelude + ``_lib.lua`` + body.
 
 The scripts live beside this module, each with one typed Python wrapper
 (``lanes/lua/admit.py`` for ``admit.lua``, ...): the wrapper is the only code
@@ -18,7 +23,7 @@ import re
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, RedisError, ResponseError
@@ -49,17 +54,110 @@ def prelude() -> str:
 _LUA_PLAIN = re.compile(r"[A-Za-z0-9_.:{}-]*")
 
 
-@cache
-def _source(name: str, directory: Path | None = None) -> str:
-    folder = directory or SCRIPT_DIR
-    lib = folder / "_lib.lua"
-    prefix = prelude() + (lib.read_text() + "\n" if lib.exists() else "")
+class LibBlock(NamedTuple):
+    """One top-level definition of ``_lib.lua`` (or a prelude constant): its text (with the comment
+    lines just above it) and the names of other blocks its code uses."""
+
+    name: str
+    text: str
+    uses: frozenset[str]
+
+
+#: A Lua token the name scan must skip whole (a comment or a string: a name inside is no use of it),
+#: or a name.
+_LUA_TOKEN = re.compile(
+    r"""--\[(?P<ceq>=*)\[.*?\](?P=ceq)\]
+      | --[^\n]*
+      | \[(?P<seq>=*)\[.*?\](?P=seq)\]
+      | '(?:\\.|[^'\\\n])*'
+      | "(?:\\.|[^"\\\n])*"
+      | (?P<name>[A-Za-z_][A-Za-z0-9_]*)""",
+    re.S | re.X,
+)
+
+_BLOCK_HEAD = re.compile(r"local (?:function )?([A-Za-z_][A-Za-z0-9_]*)\b")
+
+
+def lua_names(code: str) -> set[str]:
+    """The names ``code`` mentions outside its comments and strings (fields and locals too: a superset
+    of what it uses, so a block is kept whenever it may be needed)."""
+    return {found["name"] for found in _LUA_TOKEN.finditer(code) if found["name"]}
+
+
+def parse_lib(text: str) -> tuple[str, list[LibBlock]]:
+    """``_lib.lua`` as its header comment and its top-level blocks, in order.
+
+    A block starts at a line ``local function NAME(`` or ``local NAME =`` at column 0 (with the comment
+    and blank lines right above it) and runs to the next; any other code at column 0 but a function's
+    closing ``end`` is refused, so that nothing is silently lost or misplaced. Comment lines after the
+    last block are left out."""
+    header: list[str] = []
+    pending: list[str] = []
+    blocks: list[tuple[str, list[str]]] = []
+    open_function = False
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+        code = line.strip()
+        head = _BLOCK_HEAD.match(line)
+        if head:
+            blocks.append((head[1], [*pending, line]))
+            pending, open_function = [], line.startswith("local function ")
+        elif open_function and (line[:1].isspace() or code.startswith("--") or not code):
+            blocks[-1][1].append(line)
+        elif open_function and line.rstrip() == "end":
+            blocks[-1][1].append(line)
+            open_function = False
+        elif not code or (code.startswith("--") and not line[:1].isspace()):
+            (pending if blocks else header).append(line)
+        else:
+            raise ValueError(f"_lib.lua line {number}: top-level code outside a local block: {line!r}")
+    names = [name for name, _ in blocks]
+    if len(set(names)) != len(names):
+        raise ValueError(f"_lib.lua defines a name twice: {sorted(n for n in names if names.count(n) > 1)}")
+    defined = set(names) | set(keys.LUA_CONSTANTS)
+    lib = [LibBlock(name, "".join(lines), frozenset(lua_names("".join(lines)) & defined - {name}))
+           for name, lines in blocks]
+    return "".join(header), lib
+
+
+def select_lib(blocks: Sequence[LibBlock], body: str) -> list[LibBlock]:
+    """The blocks ``body`` uses, and those they use (transitively), in their order."""
+    by_name = {block.name: block for block in blocks}
+    wanted: set[str] = set()
+    todo = [name for name in lua_names(body) if name in by_name]
+    while todo:
+        name = todo.pop()
+        if name not in wanted:
+            wanted.add(name)
+            todo += [used for used in by_name[name].uses - wanted if used in by_name]
+    return [block for block in blocks if block.name in wanted]
+
+
+def _prelude_blocks() -> list[LibBlock]:
+    return [LibBlock(name, line, frozenset())
+            for name, line in zip(keys.LUA_CONSTANTS, prelude().splitlines(keepends=True), strict=True)]
+
+
+def _body(name: str, folder: Path) -> str:
     lines = (folder / f"{name}.lua").read_text().splitlines(keepends=True)
-    body = "".join(
+    return "".join(
         (folder / line[len(INCLUDE):].strip()).read_text() + "\n" if line.startswith(INCLUDE) else line
         for line in lines
     )
-    return prefix + body
+
+
+@cache
+def _source(name: str, directory: Path | None = None) -> str:
+    """Script ``name``'s text as loaded: the prelude constants and ``_lib.lua`` blocks it uses, then its body."""
+    folder = directory or SCRIPT_DIR
+    body = _body(name, folder)
+    lib = folder / "_lib.lua"
+    header, blocks = parse_lib(lib.read_text()) if lib.exists() else ("", [])
+    chosen = select_lib(_prelude_blocks() + blocks, body)
+    constants = "".join(block.text for block in chosen if block.name in keys.LUA_CONSTANTS)
+    if not lib.exists():
+        return constants + body
+    return constants + header + "".join(block.text for block in chosen if block.name not in keys.LUA_CONSTANTS) \
+        + "\n" + body
 
 
 _scripts: dict[tuple[int, str, Path | None], Script] = {}
