@@ -19,6 +19,10 @@ from celery import maybe_patch_concurrency
 def main(argv: list[str] | None = None) -> None:
     """Run Celery's ``worker`` command on ``dispatchsite``'s app with ``argv`` (the process's own by default)."""
     args = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        # Celery's SIGHUP restart (a stuck worker's, tasks.grouping) re-executes ``sys.executable + sys.argv``:
+        # argv[0] as this file's path would run it as a script, whose folder shadows the celery package.
+        sys.argv[:] = ["-m", "dispatchsite.worker", *args]
     if "-D" in args or "--detach" in args:
         sys.exit("dispatchsite.worker: --detach re-executes the celery command; use celery -A dispatchsite worker")
     maybe_patch_concurrency(["worker", *args])  # eventlet/gevent pools patch before anything else is imported
