@@ -127,7 +127,8 @@ def _admit_items(task_type: str, snap: config.Snapshot, entries: list[Any], defa
 
 def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id: str,
               replace_idempotency: bool = False, lane_share: int = owners.WHOLE_LANE_PCT) -> DispatchResult:
-    """One dispatch (``dispatch.delay``): a chunk of one through ``Admission``, the way every dispatch goes.
+    """One dispatch (``dispatch.delay``): a chunk of one, through ``Admission`` or, alone in its turn, its
+    steps for one item (``_admit_alone``: the same steps, without the chunking and streaming).
 
     Calls made from other threads of this process while one is in Redis wait for it and then go
     together, a chunk per task type in one round trip (``Joiner``): eight threads dispatching at once
@@ -194,10 +195,19 @@ def _admit_alone(entry: Waiting, snap: config.Snapshot) -> DispatchResult | None
         return None
     if isinstance(reply, redis.RedisError):
         logger.warning("dispatch_unavailable type=%s items=%d", shown(entry.task_type, 100), 1)
-        return unavailable(reply.cause, None) if isinstance(reply, NotSent) else unavailable(reply, entry.task_id)
-    if isinstance(reply, admit.Admitted):
+    elif isinstance(reply, admit.Admitted):
         admit.count_dispatched(prepared.tc.lane, prepared.tc.name, prepared.now)
-    return interpret(reply, prepared, snap.limits, entry.share)
+    return answer(reply, prepared, snap.limits, entry.share)
+
+
+def answer(reply: admit.Reply | redis.RedisError, item: Prepared, limits: dict[str, dict] | None,
+           lane_share: int) -> DispatchResult:
+    """The result of one item's final admit.lua reply (not ``Stale``), or of the error its call met."""
+    if isinstance(reply, NotSent):  # nothing written: no task id to look for
+        return unavailable(reply.cause, None)
+    if isinstance(reply, redis.RedisError):
+        return unavailable(reply, item.task_id)
+    return interpret(reply, item, limits, lane_share)
 
 
 class Waiting:
@@ -344,7 +354,8 @@ def split_item(item: Any, defaults: dict[str, Any]) -> tuple[Any, dict[str, Any]
 
 
 class Admission:
-    """Dispatches of one task type through admit.lua, a chunk per call: every dispatch's one path.
+    """Dispatches of one task type through admit.lua, a chunk per call: the path of every dispatch but a
+    lone call's (``_admit_alone`` takes its steps for one item, and hands back here what only it handles).
 
     ``dispatch.delay`` is a chunk of one; ``dispatch_many`` sends chunks of up
     to ``CHUNK_ITEMS``, up to ``IN_FLIGHT`` of them before the oldest one's
@@ -422,15 +433,10 @@ class Admission:
             if failed is not None and admit.reports_a_task(reply):
                 reply = failed
             if isinstance(reply, redis.RedisError):
-                if isinstance(reply, NotSent):
-                    self.results[index] = unavailable(reply.cause, None)
-                else:
-                    self.results[index] = unavailable(reply, item.task_id)
                 self.lost += 1
-            else:
-                if isinstance(reply, admit.Admitted):
-                    dispatched[item.tc.lane, item.tc.name, item.now] += 1
-                self.results[index] = interpret(reply, item, limits, self.lane_share)
+            elif isinstance(reply, admit.Admitted):
+                dispatched[item.tc.lane, item.tc.name, item.now] += 1
+            self.results[index] = answer(reply, item, limits, self.lane_share)
         for (lane, name, now), amount in dispatched.items():
             admit.count_dispatched(lane, name, now, amount)  # in process (lanes.counters), once a chunk
 

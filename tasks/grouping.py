@@ -716,9 +716,9 @@ def request_context(**fields: Any) -> CeleryContext:
 def _prefetch_settled(consumer: Any) -> bool:
     """False while Celery's dispatch restores its prefetch count after a reconnect, on the next acks
     (``Consumer.create_task_handler``): then the messages take that dispatch."""
-    return not (not getattr(consumer, "_maximum_prefetch_restored", True)
-                and getattr(consumer, "restart_count", 0) > 0
-                and getattr(consumer, "_new_prefetch_count", 0) <= getattr(consumer, "max_prefetch_count", 0))
+    return (getattr(consumer, "_maximum_prefetch_restored", True)
+            or getattr(consumer, "restart_count", 0) <= 0
+            or getattr(consumer, "_new_prefetch_count", 0) > getattr(consumer, "max_prefetch_count", 0))
 
 
 def _done_items(done: list[tuple[Item, Any, str]]) -> list[DoneItem]:
