@@ -22,8 +22,10 @@
 -- (lanes.keys.lane_doorbell: the lane's name, which has no ':', and ':bell')
 -- holding at most one token, the bits of the lane lists pushed since it was rung
 -- (bit p: list ``lane:p``, kombu priority p), so the worker that takes it looks
--- only at those lists. ring returns nothing; it costs an LINDEX, and an LPUSH
--- (no token yet) or an LSET (a list not in the token yet).
+-- only at those lists. ring returns nothing; it costs an LPUSH when the bell was empty (the
+-- usual case: an idle worker blocks on it, or a busy one took the token), and when a token was
+-- there already an RPOP of it and, unless this ring's bits hold all of it, an LSET of the two
+-- merged (docs/redis-budget.md: one command a ring, from an LINDEX and an LPUSH).
 local function bell_of(list)
   return (string.match(list, '^[^:]+')) .. DOORBELL_SUFFIX
 end
@@ -33,14 +35,12 @@ local function bell_bit(list)
 end
 
 local function ring(bell, bits)
-  local token = redis.call('LINDEX', bell, 0)
-  if not token then
-    redis.call('LPUSH', bell, bits)
-    return
-  end
-  local had = tonumber(token) or 1023
+  -- The push's reply tells whether a token was there. A script runs alone, so no BRPOP can take
+  -- either token before the two are one again: a worker sees at most one token, as before.
+  if redis.call('LPUSH', bell, bits) == 1 then return end
+  local had = tonumber(redis.call('RPOP', bell)) or 1023  -- the older token (unreadable: every list)
   local merged = bit.bor(had, bits)
-  if merged ~= had then redis.call('LSET', bell, 0, merged) end
+  if merged ~= bits then redis.call('LSET', bell, 0, merged) end
 end
 
 -- Whether a push of ``pushed`` messages (admission's, or publish_record's), after which the list holds ``length``, must

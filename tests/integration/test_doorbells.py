@@ -218,7 +218,8 @@ def test_a_push_onto_a_lane_list_that_holds_messages_does_not_ring(rc):
     ours = [[c.split(" ")[0].upper() for c in run] for run in _script_runs(monitor.seen)
             if any(c.split(" ")[0].upper() == "LPUSH" and set(c.split(" ")[1:2]) & lists for c in run)]
     assert len(ours) == 20, ours
-    assert "LINDEX" in ours[0] and ours[0].count("LPUSH") == 2, ours[0]  # an empty list: rung (a token made)
+    # An empty list: rung, with one LPUSH of the token and no LINDEX (the push's reply says the bell was empty).
+    assert "LINDEX" not in ours[0] and ours[0].count("LPUSH") == 2, ours[0]
     estimate = {"HMGET", "SISMEMBER", "ZCOUNT"}  # the lane's estimate inputs, read once a second at most
     for run in ours[1:]:
         assert [name for name in run if name not in estimate] == ["GET", "INCR", "HSET", "ZADD", "LPUSH", "ZADD"], run
@@ -247,7 +248,7 @@ def test_a_promoted_task_rings_only_onto_an_empty_list(rc):
     assert later.accepted and rc.llen(bell) == 0
     time.sleep(0.1)
     runs = promote_runs()
-    assert len(runs) == 1 and any(c.split(" ")[0].upper() == "LINDEX" and bell in c for c in runs[0]), runs
+    assert len(runs) == 1 and [c.split(" ")[0].upper() for c in runs[0] if bell in c] == ["LPUSH"], runs
     assert rc.llen(bell) == 1  # onto an empty list: rung
 
     assert dispatch.delay(type_name, {"now": 1}).accepted  # the list holds messages now
@@ -259,3 +260,33 @@ def test_a_promoted_task_rings_only_onto_an_empty_list(rc):
     assert len(runs) == 1 and not any(bell in c for c in runs[0]), runs  # no LINDEX, no LPUSH of a token
     assert rc.llen(bell) == 0
     rc.delete(*lists, bell)
+
+
+def test_a_ring_costs_one_command_when_the_bell_is_empty_and_always_leaves_one_token(rc):
+    """_lib.lua's ring pushes first and reads the push's reply: onto an empty bell (an idle worker blocks on
+    it, a busy one took the token) that LPUSH is the whole ring (an LINDEX and an LPUSH before); onto a bell
+    holding a token it takes that token back (RPOP) and writes the two merged (LSET), in the same script, so a
+    worker never sees two tokens and the token names every list rung."""
+    from lanes.lua.ring import ring
+
+    lane = unique("bellcost")
+    bell = keys.lane_doorbell(lane)
+
+    def ring_commands(bits: int) -> list[str]:
+        with Monitor(rc) as monitor:
+            ring(rc, lane, bits)
+        runs = [[c.split(" ")[0].upper() for c in run] for run in _script_runs(monitor.seen)]
+        assert len(runs) == 1, runs
+        return runs[0]
+
+    assert ring_commands(1 << 3) == ["LPUSH"]
+    assert _bell_bits(rc, lane) == [1 << 3]
+    assert ring_commands(1 << 5) == ["LPUSH", "RPOP", "LSET"]  # a token there: merged into one
+    assert _bell_bits(rc, lane) == [1 << 3 | 1 << 5]
+    assert ring_commands(1 << 3 | 1 << 5 | 1) == ["LPUSH", "RPOP"]  # this ring's bits hold the old token's
+    assert _bell_bits(rc, lane) == [1 << 3 | 1 << 5 | 1]
+    rc.delete(bell)
+    rc.rpush(bell, "garbage")  # an unreadable token names every list, as a worker reads it
+    ring_commands(1)
+    assert _bell_bits(rc, lane) == [1023]
+    rc.delete(bell)
