@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
@@ -337,33 +337,39 @@ class Admission:
     (``admit.Calls``) keeps the items in order. A chunk's replies become results
     as they are read; with ``DISPATCH_REPLICA_ACKS`` they wait in ``answered``
     until that many replicas confirmed every write (one ``WAIT`` at the end). A
-    ``Stale`` reply (an admin save landed mid-call) puts the items from there on
-    back at the front of the queue, to be judged again by the new config (the
-    one retry loop: ``_requeue``); a rejection by validation is judged again once
-    against the config Redis has.
+    ``Stale`` reply (an admin save landed mid-call) puts the chunk's items and
+    those after it back at the front of the queue, to be judged again by the new
+    config (the one retry loop: ``_requeue``); a rejection by validation is
+    judged again once against the config Redis has.
     """
+
+    __slots__ = ("answered", "confirmed", "lane_share", "lost", "replace_idempotency", "results", "rounds", "sent",
+                 "settle_now", "snap", "task_type")
 
     def __init__(self, task_type: Any, snap: config.Snapshot, results: list[DispatchResult | None], *,
                  replace_idempotency: bool = False, lane_share: int = owners.WHOLE_LANE_PCT) -> None:
         self.task_type, self.snap, self.results = task_type, snap, results
         self.replace_idempotency, self.lane_share = replace_idempotency, lane_share
-        self.answered: list[tuple[int, Prepared, admit.Reply | redis.RedisError, dict]] = []
+        #: Chunks sent and not read yet, oldest first: each item's queue entry and what was sent for it.
         self.sent: deque[list[tuple[Entry, Prepared]]] = deque()
+        #: With replica acks: each chunk read (its items, replies, the limits they were judged by), until the WAIT.
+        self.answered: list[tuple[list[tuple[Entry, Prepared]], Sequence[admit.Reply | redis.RedisError], dict]] = []
+        self.settle_now = True
         self.confirmed = False
         self.rounds = 0
-        self.chunks = 0  # sent so far
         self.lost = 0  # items answered 'unavailable'
-        self.settle_now = True
 
     def run(self, queue: deque[Entry]) -> None:
         # Without replica acks a reply is final when it comes: each chunk's results are made while Redis
         # admits the next ones, not all at the end with Redis idle (a sixth of a large call's time).
         acks = settings.DISPATCH_REPLICA_ACKS
         self.settle_now = acks <= 0
+        sent = self.sent
+        chunks = 0
         with admit.Calls() as calls:
-            while queue or self.sent:
+            while queue or sent:
                 if queue:
-                    size = next_chunk_size(self.chunks, len(queue))
+                    size = next_chunk_size(chunks, len(queue))
                     chunk = [queue.popleft() for _ in range(size)]
                     full = memory_guard.refusal(size)
                     if full:  # Redis near its maxmemory: the chunk is refused before its script runs
@@ -372,7 +378,7 @@ class Admission:
                         continue
                     version = self.snap.version
                     script_chunk, prepared = self._prepare(chunk)
-                    if self.snap.version != version and self.sent:
+                    if self.snap.version != version and sent:
                         # Validation met a newer config: the chunks in flight went out under the old one. Those
                         # that come back stale must be admitted before this chunk, as they come before it.
                         stale = self._drain(calls)
@@ -382,36 +388,38 @@ class Admission:
                             continue
                     if prepared:
                         calls.send(script_chunk, [p.item for _, p in prepared])  # type: ignore[arg-type]
-                        self.sent.append(prepared)
-                        self.chunks += 1
+                        sent.append(prepared)
+                        chunks += 1
                 # Chunks wait in Redis (up to IN_FLIGHT) while the next is prepared; past that, or at the end, read.
-                if len(self.sent) >= IN_FLIGHT or (self.sent and not queue):
+                if len(sent) >= IN_FLIGHT or (sent and not queue):
                     stale = self._receive(calls)
                     if stale:
                         self._requeue(stale + self._drain(calls), queue)
             failed = None
-            if not self.settle_now and any(admit.reports_a_task(reply) for _, _, reply, _ in self.answered):
+            if self.answered and any(admit.reports_a_task(reply) for _, replies, _ in self.answered
+                                     for reply in replies):
                 failed = calls.replicas_confirmed(acks, settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS)
-        if self.answered:
-            self._settle(self.answered, failed)
+        for batch, replies, limits in self.answered:
+            self._settle(batch, replies, limits, failed)
         if self.lost:
             logger.warning("dispatch_unavailable type=%s items=%d", shown(self.task_type, 100), self.lost)
 
-    def _settle(self, answered: list[tuple[int, Prepared, admit.Reply | redis.RedisError, dict]],
-                failed: redis.RedisError | None) -> None:
-        """Turn ``answered`` replies into results; ``failed``: the replicas did not confirm the writes."""
-        dispatched: dict[tuple[str, str, float], int] = {}
-        for index, item, reply, limits in answered:
+    def _settle(self, batch: list[tuple[Entry, Prepared]], replies: Sequence[admit.Reply | redis.RedisError],
+                limits: dict[str, dict], failed: redis.RedisError | None) -> None:
+        """Turn a chunk's replies into results; ``failed``: the replicas did not confirm the writes."""
+        results, share = self.results, self.lane_share
+        admitted = 0
+        for (entry, item), reply in zip(batch, replies, strict=True):
             if failed is not None and admit.reports_a_task(reply):
                 reply = failed
-            if isinstance(reply, redis.RedisError):
+            if isinstance(reply, admit.Admitted):
+                admitted += 1
+            elif isinstance(reply, redis.RedisError):
                 self.lost += 1
-            elif isinstance(reply, admit.Admitted):
-                counted = (item.tc.lane, item.tc.name, item.now)
-                dispatched[counted] = dispatched.get(counted, 0) + 1
-            self.results[index] = answer(reply, item, limits, self.lane_share)
-        for (lane, name, now), amount in dispatched.items():
-            admit.count_dispatched(lane, name, now, amount)  # in process (lanes.counters), once a chunk
+            results[entry[0]] = answer(reply, item, limits, share)
+        if admitted:  # a chunk is one type's, prepared at one time: counted once (in process, lanes.counters)
+            item = batch[0][1]
+            admit.count_dispatched(item.tc.lane, item.tc.name, item.now, admitted)
 
     def _prepare(self, chunk: list[Entry]) -> tuple[admit.Chunk | None, list[tuple[Entry, Prepared]]]:
         """Validate ``chunk`` against the config; rejections are final, the rest go to Redis (as one
@@ -441,19 +449,18 @@ class Admission:
         return script_chunk(snap, prepared[0][1].tc, context, self.replace_idempotency, self.lane_share), prepared
 
     def _receive(self, calls: admit.Calls) -> list[tuple[Entry, str]]:
-        """Read the oldest chunk's replies; returns its stale items (entry, Redis' config version)."""
+        """Read the oldest chunk's replies; returns its items if they came back stale (entry, Redis' config
+        version): a call's are all stale or none (admit.lua checks the version before any item)."""
         batch = self.sent.popleft()
-        stale: list[tuple[Entry, str]] = []
-        answered = self.answered if not self.settle_now else []
-        limits = self.snap.limits
-        for (entry, item), reply in zip(batch, calls.receive(), strict=True):
-            if isinstance(reply, admit.Stale):
-                stale.append((entry, reply.version))
-            else:
-                answered.append((entry[0], item, reply, limits))
-        if self.settle_now and answered:
-            self._settle(answered, None)
-        return stale
+        replies = calls.receive()
+        first = replies[0]
+        if isinstance(first, admit.Stale):
+            return [(entry, first.version) for entry, _ in batch]
+        if self.settle_now:
+            self._settle(batch, replies, self.snap.limits, None)
+        else:
+            self.answered.append((batch, replies, self.snap.limits))
+        return []
 
     def _drain(self, calls: admit.Calls) -> list[tuple[Entry, str]]:
         """Read every chunk in flight; returns their stale items, in order (once one is stale, all after it are:

@@ -307,30 +307,29 @@ class ScriptStream:
     once for every write.
     """
 
-    __slots__ = ("_conn", "_error", "_in_flight", "_loaded", "_pool", "_probe", "_probe_replies", "_server_has",
-                 "_sha", "_source", "directory", "name")
+    __slots__ = ("_conn", "_error", "_first", "_in_flight", "_load", "_pool", "_probe", "_ready", "_sha", "_source",
+                 "directory", "name")
 
     def __init__(self, name: str, directory: Path | None = None) -> None:
         self.name, self.directory = name, directory
         self._conn: Any = None
-        self._pool: Any = None
         self._error: RedisError | None = None
-        #: False: the next batch goes with SCRIPT LOAD ahead (the server may not have the script).
-        self._loaded = False
-        self._server_has = False
-        # (calls, SCRIPT LOAD reply first, sent) a batch
+        #: The next batch goes with SCRIPT LOAD ahead (the server may not have the script).
+        self._load = True
+        self._first = True
+        #: (calls, SCRIPT LOAD reply first, sent) a batch sent and not read yet.
         self._in_flight: deque[tuple[int, bool, bool]] = deque()
-        #: The first batch, sent without SCRIPT LOAD and not read yet: read before another is sent.
+        #: The first batch, sent without SCRIPT LOAD and not read yet (read before another is sent), then its replies.
         self._probe: Sequence[Any] | None = None
-        self._probe_replies: list[Any] | None = None
+        self._ready: list[Any] | None = None
 
     def __enter__(self) -> ScriptStream:
         try:
             found = script(self.name, self.directory)
             self._sha, self._source = found.sha, found.script
-            self._pool = found.registered_client.connection_pool  # type: ignore[union-attr]  # never a cluster
-            self._conn = _take_connection(self._pool)
-            self._server_has = (id(self._pool), self._sha) in _loaded_on
+            self._pool = pool = found.registered_client.connection_pool  # type: ignore[union-attr]  # never a cluster
+            self._conn = _take_connection(pool)
+            self._load = (id(pool), found.sha) not in _loaded_on
         except RedisError as exc:
             self._error = NotSent(exc)
         except OSError as exc:  # a socket error redis-py did not wrap (its checks before a send)
@@ -338,55 +337,59 @@ class ScriptStream:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self._conn is not None:
-            if self._in_flight or self._probe_replies is not None or self._error is not None:
-                self._conn.disconnect()  # replies left unread, or a failed call: the connection is out of step
-            _keep_connection(self._pool, self._conn)
+        conn = self._conn
+        if conn is not None:
+            if self._in_flight or self._error is not None:  # replies left unread, or a failed call: out of step
+                conn.disconnect()
+            _keep_connection(self._pool, conn)
             self._conn = None
 
     @property
     def in_flight(self) -> int:
-        return len(self._in_flight) + (self._probe_replies is not None)
+        return len(self._in_flight) + (self._ready is not None)
 
     def send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed]) -> None:
         """Send one batch (``(keys, args)`` or ``Packed`` per call); its replies come from a later ``receive``."""
         if self._probe is not None:
             self._read_probe()
-        if not self._loaded and self._error is None and self._server_has:
-            self._loaded = True
-            self._probe = calls  # the first batch, sent without SCRIPT LOAD: read before the next is sent
+        if self._first:
+            self._first = False
+            if not self._load and self._error is None:
+                self._probe = calls
         self._send(calls)
 
     def _read_probe(self) -> None:
         """Read the first batch, sent without SCRIPT LOAD; if the server lost the script, send it again with."""
         calls, self._probe = self._probe, None
         replies = self._read()
-        if replies and all(isinstance(reply, NoScriptError) for reply in replies):  # nothing of it ran
+        if replies and isinstance(replies[0], NoScriptError) \
+                and all(isinstance(reply, NoScriptError) for reply in replies):  # nothing of it ran
             _loaded_on.discard((id(self._pool), self._sha))
-            self._loaded = False
+            self._load = True
             self._send(calls)  # type: ignore[arg-type]  # set with the probe
             replies = self._read()
-        self._probe_replies = replies
+        self._ready = replies
 
     def _send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed]) -> None:
-        load = not self._loaded
+        load = self._load
         sent = self._error is None
         if sent:
             try:
                 # No health check (a PING read) while replies are pending: it would read one of theirs.
                 self._conn.send_packed_command(_pack(self._conn, calls, self._sha, self._source if load else None),
                                                check_health=not self._in_flight)
-                self._loaded = True
+                self._load = False
             except RedisError as exc:  # part may have gone out: unknown, like an unanswered call
                 self._error = exc
-        self._in_flight.append((len(calls), load and self._loaded, sent))
+        self._in_flight.append((len(calls), load and sent, sent))
 
     def receive(self) -> list[Any]:
         """The replies of the oldest batch sent and not yet received, in order."""
         if self._probe is not None:
             self._read_probe()
-        if self._probe_replies is not None:
-            replies, self._probe_replies = self._probe_replies, None
+        replies = self._ready
+        if replies is not None:
+            self._ready = None
             return replies
         return self._read()
 
