@@ -94,6 +94,8 @@ def measure(root: Path, what: str, calls: int, warmup: int) -> float:
                         "--calls", str(calls), "--warmup", str(warmup)],
                        cwd=root, env=env, check=True, capture_output=True)
         total = int(re.search(r"^(?:summary|totals): (\d+)", out.read_text(), re.M).group(1))
+        if os.environ.get("CALLGRIND_KEEP"):  # a folder: the dump kept for callgrind_annotate
+            shutil.copy(out, Path(os.environ["CALLGRIND_KEEP"]) / f"cg.{what}.{root.name}")
         return total / calls
     finally:
         server.stop()

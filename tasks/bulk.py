@@ -67,6 +67,8 @@ EDGE_CHUNK_ITEMS = 50
 
 def next_chunk_size(sent: int, remaining: int) -> int:
     """The items of the next chunk, after ``sent`` chunks, with ``remaining`` items left (at least one)."""
+    if remaining <= EDGE_CHUNK_ITEMS and remaining <= CHUNK_ITEMS:  # what the bounds below come to then
+        return max(1, remaining)
     ramp = EDGE_CHUNK_ITEMS << min(sent, 20)
     taper = max(EDGE_CHUNK_ITEMS, remaining // 2)
     return max(1, min(CHUNK_ITEMS, ramp, taper, remaining))
@@ -370,7 +372,11 @@ class Admission:
             while queue or sent:
                 if queue:
                     size = next_chunk_size(chunks, len(queue))
-                    chunk = [queue.popleft() for _ in range(size)]
+                    if size == len(queue):  # the rest in one chunk (a dispatch.delay's one item, the last chunk)
+                        chunk = list(queue)
+                        queue.clear()
+                    else:
+                        chunk = [queue.popleft() for _ in range(size)]
                     full = memory_guard.refusal(size)
                     if full:  # Redis near its maxmemory: the chunk is refused before its script runs
                         for index, *_ in chunk:

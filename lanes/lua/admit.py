@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 from redis.exceptions import RedisError, ResponseError
 
 from lanes import counters, keys
-from lanes.forksafe import ForkSafeLock
 from lanes.lua.loader import Packed, ScriptStream, bulk_strings
 from lanes.lua.loader import utf8_length as _length
 
@@ -136,12 +135,10 @@ def reports_a_task(reply: Any) -> bool:
 ESTIMATE_INPUTS_TTL_S = 1.0
 #: lane -> (monotonic time read, minute, the inputs); a minute's change reads them again.
 _estimate_inputs: dict[str, tuple[float, int, EstimateInputs]] = {}
-_estimate_lock = ForkSafeLock()
 
 
 def _cached_estimate(lane: str, now: float) -> EstimateInputs | None:
-    with _estimate_lock:
-        cached = _estimate_inputs.get(lane)
+    cached = _estimate_inputs.get(lane)  # one dict read or write is atomic: no lock around either
     if cached is not None and cached[1] == int(now // 60) and time.monotonic() - cached[0] < ESTIMATE_INPUTS_TTL_S:
         return cached[2]
     return None
@@ -182,12 +179,12 @@ class Calls:
 
     def send(self, chunk: Chunk, items: Sequence[Item]) -> None:
         cached = _cached_estimate(chunk.lane, chunk.now)
-        self._stream.send([packed(chunk, items, read_estimate=cached is None)])
+        self._stream.send(packed(chunk, items, read_estimate=cached is None))
         self._sent.append((chunk, len(items), cached))
 
     def receive(self) -> Sequence[Reply | RedisError]:
         chunk, count, cached = self._sent.popleft()
-        (reply,) = self._stream.receive()
+        reply = self._stream.receive()
         if isinstance(reply, RedisError):
             return [reply] * count
         try:
@@ -219,8 +216,7 @@ def decode(reply: Any, count: int, chunk: Chunk, cached: EstimateInputs | None =
         estimate = EstimateInputs(int(inputs[0]), int(inputs[1]), float(inputs[2]), float(inputs[3]),
                                   int(inputs[4]) == 1, int(inputs[5]))
         if _healthy(estimate):
-            with _estimate_lock:
-                _estimate_inputs[chunk.lane] = (time.monotonic(), int(chunk.now // 60), estimate)
+            _estimate_inputs[chunk.lane] = (time.monotonic(), int(chunk.now // 60), estimate)
     out: list[Reply] = []
     for item in items:
         if isinstance(item, int):

@@ -287,22 +287,21 @@ def kept_connections(pool: Any) -> list[Any]:
 
 
 class ScriptStream:
-    """Batches of calls of one script, sent on one connection with the next batch sent before the last is read.
+    """Calls of one script on one connection, each sent before the last is read.
 
-    So the caller prepares batch N+1 while Redis runs batch N: one round trip
-    per batch, and the caller's work overlaps Redis'. One connection keeps the
+    So the caller prepares call N+1 while Redis runs call N: one round trip a
+    call, and the caller's work overlaps Redis'. One connection keeps the
     order: Redis runs the calls in the order they were sent; it is the one the
     process keeps between streams when free (``_take_connection``). A stream's
-    first batch goes without ``SCRIPT LOAD`` once this process has seen that
+    first call goes without ``SCRIPT LOAD`` once this process has seen that
     server load the script, and is read before any other is sent: a
     ``NOSCRIPT`` answer (nothing of it ran) sends it again with ``SCRIPT LOAD``
-    ahead (same round trip), as every first batch on a server not seen yet
-    goes. A stream of one batch of one call (a single dispatch) is then one
-    ``EVALSHA``. Never raises: ``receive`` gives each call its reply or the
-    ``RedisError`` it met (a ``ResponseError`` of that call alone; the
-    connection's error for every call not yet answered, in this batch and
-    those sent after it: their outcome is unknown; ``NotSent`` for the calls of
-    a batch not sent because the connection had failed: nothing of them was
+    ahead (same round trip), as every first call on a server not seen yet
+    goes. A stream of one call (a single dispatch) is then one ``EVALSHA``.
+    Never raises: ``receive`` gives each call its reply or the ``RedisError``
+    it met (a ``ResponseError`` of that call alone; the connection's error for
+    every call not yet answered: their outcome is unknown; ``NotSent`` for a
+    call not sent because the connection had failed: nothing of it was
     written). Use as a context manager; ``replicas_confirmed`` then ``WAIT``s
     once for every write.
     """
@@ -314,14 +313,14 @@ class ScriptStream:
         self.name, self.directory = name, directory
         self._conn: Any = None
         self._error: RedisError | None = None
-        #: The next batch goes with SCRIPT LOAD ahead (the server may not have the script).
+        #: The next call goes with SCRIPT LOAD ahead (the server may not have the script).
         self._load = True
         self._first = True
-        #: (calls, SCRIPT LOAD reply first, sent) a batch sent and not read yet.
-        self._in_flight: deque[tuple[int, bool, bool]] = deque()
-        #: The first batch, sent without SCRIPT LOAD and not read yet (read before another is sent), then its replies.
-        self._probe: Sequence[Any] | None = None
-        self._ready: list[Any] | None = None
+        #: (SCRIPT LOAD reply first, sent) a call sent and not read yet.
+        self._in_flight: deque[tuple[bool, bool]] = deque()
+        #: The first call, sent without SCRIPT LOAD and not read yet (read before another is sent), then its reply.
+        self._probe: Packed | tuple[Sequence[Any], Sequence[Any]] | None = None
+        self._ready: Any = _NONE
 
     def __enter__(self) -> ScriptStream:
         try:
@@ -344,80 +343,70 @@ class ScriptStream:
             _keep_connection(self._pool, conn)
             self._conn = None
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight) + (self._ready is not None)
-
-    def send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed]) -> None:
-        """Send one batch (``(keys, args)`` or ``Packed`` per call); its replies come from a later ``receive``."""
+    def send(self, call: Packed | tuple[Sequence[Any], Sequence[Any]]) -> None:
+        """Send one call (``Packed``, or its keys and arguments); its reply comes from a later ``receive``."""
         if self._probe is not None:
             self._read_probe()
         if self._first:
             self._first = False
             if not self._load and self._error is None:
-                self._probe = calls
-        self._send(calls)
+                self._probe = call
+        self._send(call)
 
     def _read_probe(self) -> None:
-        """Read the first batch, sent without SCRIPT LOAD; if the server lost the script, send it again with."""
-        calls, self._probe = self._probe, None
-        replies = self._read()
-        if replies and isinstance(replies[0], NoScriptError) \
-                and all(isinstance(reply, NoScriptError) for reply in replies):  # nothing of it ran
+        """Read the first call, sent without SCRIPT LOAD; if the server lost the script, send it again with."""
+        call, self._probe = self._probe, None
+        reply = self._read()
+        if isinstance(reply, NoScriptError):  # nothing of it ran
             _loaded_on.discard((id(self._pool), self._sha))
             self._load = True
-            self._send(calls)  # type: ignore[arg-type]  # set with the probe
-            replies = self._read()
-        self._ready = replies
+            self._send(call)  # type: ignore[arg-type]  # set with the probe
+            reply = self._read()
+        self._ready = reply
 
-    def _send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed]) -> None:
+    def _send(self, call: Packed | tuple[Sequence[Any], Sequence[Any]]) -> None:
         load = self._load
         sent = self._error is None
         if sent:
             try:
                 # No health check (a PING read) while replies are pending: it would read one of theirs.
-                self._conn.send_packed_command(_pack(self._conn, calls, self._sha, self._source if load else None),
+                self._conn.send_packed_command(_pack(self._conn, call, self._sha, self._source if load else None),
                                                check_health=not self._in_flight)
                 self._load = False
             except RedisError as exc:  # part may have gone out: unknown, like an unanswered call
                 self._error = exc
-        self._in_flight.append((len(calls), load and sent, sent))
+        self._in_flight.append((load and sent, sent))
 
-    def receive(self) -> list[Any]:
-        """The replies of the oldest batch sent and not yet received, in order."""
+    def receive(self) -> Any:
+        """The reply of the oldest call sent and not yet received (or the ``RedisError`` it met)."""
         if self._probe is not None:
             self._read_probe()
-        replies = self._ready
-        if replies is not None:
-            self._ready = None
-            return replies
+        reply = self._ready
+        if reply is not _NONE:
+            self._ready = _NONE
+            return reply
         return self._read()
 
-    def _read(self) -> list[Any]:
-        count, load, sent = self._in_flight.popleft()
-        if self._error is not None:
-            error = self._error
-            if not sent and not isinstance(error, NotSent):
-                error = NotSent(error)
-            return [error] * count
-        replies: list[Any] = []
+    def _read(self) -> Any:
+        load, sent = self._in_flight.popleft()
+        error = self._error
+        if error is not None:
+            return NotSent(error) if not sent and not isinstance(error, NotSent) else error
         conn = self._conn
         try:
             if load:
                 try:
                     conn.read_response()
                     _loaded_on.add((id(self._pool), self._sha))
-                except ResponseError:  # the calls then answer NOSCRIPT, each its own error
+                except ResponseError:  # the call then answers NOSCRIPT, its own error
                     pass
-            while len(replies) < count:
-                try:
-                    replies.append(conn.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-        except RedisError as exc:  # the connection broke (redis-py dropped it): the rest are unknown
+            try:
+                return conn.read_response()
+            except ResponseError as exc:
+                return exc
+        except RedisError as exc:  # the connection broke (redis-py dropped it): this and the rest are unknown
             self._error = exc
-            replies += [exc] * (count - len(replies))
-        return replies
+            return exc
 
     def replicas_confirmed(self, replicas: int, timeout_ms: int) -> RedisError | None:
         """``WAIT replicas timeout_ms`` for every write sent so far; None when enough replicas hold them."""
@@ -432,6 +421,10 @@ class ScriptStream:
             self._error = exc
             return exc
         return None if confirmed >= replicas else ReplicaAcksMissing(replicas, confirmed, timeout_ms)
+
+
+#: ``ScriptStream``'s "no reply kept" (a reply may be None).
+_NONE = object()
 
 
 class Packed:
@@ -460,21 +453,19 @@ def bulk_strings(values: Sequence[Any]) -> str:
     return "".join(out)
 
 
-def _pack(conn: Any, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed], sha: str,
-          load: str | bytes | None) -> list[bytes]:
-    """An ``EVALSHA`` a call (``SCRIPT LOAD`` of ``load`` ahead, unless None) in Redis' protocol, as one buffer; a
-    ``Packed`` call's head written as text (hiredis, or redis-py without it, packs the others: redis-py's
-    packing costs more than preparing a dispatch)."""
-    out: list[bytes] = []
+def _pack(conn: Any, call: Packed | tuple[Sequence[Any], Sequence[Any]], sha: str, load: str | bytes | None
+          ) -> list[bytes]:
+    """The call's ``EVALSHA`` (``SCRIPT LOAD`` of ``load`` ahead, unless None) in Redis' protocol, as one buffer; a
+    ``Packed`` call's head written as text (hiredis, or redis-py without it, packs the rest: redis-py's packing
+    costs more than preparing a dispatch)."""
+    if isinstance(call, Packed):
+        numkeys = str(call.numkeys)
+        head = f"*{3 + call.count}\r\n$7\r\nEVALSHA\r\n${len(sha)}\r\n{sha}\r\n${len(numkeys)}\r\n{numkeys}\r\n"
+        out = [head.encode(), call.resp]
+    else:
+        out = _packed(conn, ("EVALSHA", sha, len(call[0]), *call[0], *call[1]))
     if load is not None:
-        out += _packed(conn, ("SCRIPT", "LOAD", load))
-    for call in calls:
-        if isinstance(call, Packed):
-            numkeys = str(call.numkeys)
-            out += (f"*{3 + call.count}\r\n$7\r\nEVALSHA\r\n${len(sha)}\r\n{sha}\r\n${len(numkeys)}\r\n{numkeys}\r\n"
-                    .encode(), call.resp)
-        else:
-            out += _packed(conn, ("EVALSHA", sha, len(call[0]), *call[0], *call[1]))
+        out = _packed(conn, ("SCRIPT", "LOAD", load)) + out
     return [b"".join(out)]
 
 
