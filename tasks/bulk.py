@@ -25,7 +25,6 @@ from typing import Any
 
 import redis
 from celery import shared_task
-from django.conf import settings
 
 from lanes import memory_guard
 from lanes.forksafe import ForkSafeLock
@@ -40,6 +39,7 @@ from tasks.admission import (
     chunk_context,
     config_kept_changing,
     confirm_config,
+    dispatch_settings,
     interpret,
     memory_high,
     prepare,
@@ -135,7 +135,7 @@ def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id:
     together, a chunk per task type in one round trip (``Joiner``): eight threads dispatching at once
     pay about one round trip for each turn, not eight. A call on an idle process goes at once.
     """
-    bound = settings.DISPATCH_REDIS_TIMEOUT_S
+    bound = dispatch_settings().redis_timeout_s
     with tracing.dispatching(task_type, 1) as traced, deadline(bound):  # a turn may run in another's thread
         waiting = Waiting(task_type, payload, traced.carry(options), task_id, replace_idempotency, lane_share)
         waiting.until = time.monotonic() + bound
@@ -364,7 +364,8 @@ class Admission:
     def run(self, queue: deque[Entry]) -> None:
         # Without replica acks a reply is final when it comes: each chunk's results are made while Redis
         # admits the next ones, not all at the end with Redis idle (a sixth of a large call's time).
-        acks = settings.DISPATCH_REPLICA_ACKS
+        read = dispatch_settings()
+        acks = read.replica_acks
         self.settle_now = acks <= 0
         sent = self.sent
         chunks = 0
@@ -404,7 +405,7 @@ class Admission:
             failed = None
             if self.answered and any(admit.reports_a_task(reply) for _, replies, _ in self.answered
                                      for reply in replies):
-                failed = calls.replicas_confirmed(acks, settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS)
+                failed = calls.replicas_confirmed(acks, read.replica_acks_timeout_ms)
         for batch, replies, limits in self.answered:
             self._settle(batch, replies, limits, failed)
         if self.lost:
