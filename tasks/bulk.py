@@ -19,13 +19,12 @@ import logging
 import os
 import threading
 import time
-from collections import Counter, deque
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import redis
 from celery import shared_task
-from django.conf import settings
 
 from lanes import memory_guard
 from lanes.forksafe import ForkSafeLock
@@ -40,6 +39,7 @@ from tasks.admission import (
     chunk_context,
     config_kept_changing,
     confirm_config,
+    dispatch_settings,
     interpret,
     memory_high,
     prepare,
@@ -67,6 +67,8 @@ EDGE_CHUNK_ITEMS = 50
 
 def next_chunk_size(sent: int, remaining: int) -> int:
     """The items of the next chunk, after ``sent`` chunks, with ``remaining`` items left (at least one)."""
+    if remaining <= EDGE_CHUNK_ITEMS and remaining <= CHUNK_ITEMS:  # what the bounds below come to then
+        return max(1, remaining)
     ramp = EDGE_CHUNK_ITEMS << min(sent, 20)
     taper = max(EDGE_CHUNK_ITEMS, remaining // 2)
     return max(1, min(CHUNK_ITEMS, ramp, taper, remaining))
@@ -127,14 +129,13 @@ def _admit_items(task_type: str, snap: config.Snapshot, entries: list[Any], defa
 
 def admit_one(task_type: Any, payload: Any, options: dict[str, Any], *, task_id: str,
               replace_idempotency: bool = False, lane_share: int = owners.WHOLE_LANE_PCT) -> DispatchResult:
-    """One dispatch (``dispatch.delay``): a chunk of one, through ``Admission`` or, alone in its turn, its
-    steps for one item (``_admit_alone``: the same steps, without the chunking and streaming).
+    """One dispatch (``dispatch.delay``): a chunk of one through ``Admission``, as ``dispatch_many``'s chunks go.
 
     Calls made from other threads of this process while one is in Redis wait for it and then go
     together, a chunk per task type in one round trip (``Joiner``): eight threads dispatching at once
     pay about one round trip for each turn, not eight. A call on an idle process goes at once.
     """
-    bound = settings.DISPATCH_REDIS_TIMEOUT_S
+    bound = dispatch_settings().redis_timeout_s
     with tracing.dispatching(task_type, 1) as traced, deadline(bound):  # a turn may run in another's thread
         waiting = Waiting(task_type, payload, traced.carry(options), task_id, replace_idempotency, lane_share)
         waiting.until = time.monotonic() + bound
@@ -151,53 +152,25 @@ def _admit_now(entries: list[Waiting]) -> None:
         for entry in entries:
             entry.result = unavailable(exc, None)
         return
+    for group in _by_kind(entries):
+        results: list[DispatchResult | None] = [None] * len(group)
+        first = group[0]
+        Admission(first.task_type, snap, results, replace_idempotency=first.replace,
+                  lane_share=first.share).run(deque((i, e.payload, e.options, e.task_id) for i, e in enumerate(group)))
+        for entry, result in zip(group, results, strict=True):
+            entry.result = result
+
+
+def _by_kind(entries: list[Waiting]) -> Iterable[list[Waiting]]:
+    """``entries`` by what one ``Admission`` shares (task type, requeue, caller's share), in order of first call."""
     if len(entries) == 1:
-        alone = _admit_alone(entries[0], snap)
-        if alone is not None:
-            entries[0].result = alone
-            return
+        return (entries,)
     by_kind: dict[tuple[Any, bool, int], list[Waiting]] = {}
     for entry in entries:
         key = (entry.task_type if isinstance(entry.task_type, str) else id(entry.task_type), entry.replace,
                entry.share)
         by_kind.setdefault(key, []).append(entry)
-    for group in by_kind.values():
-        results: list[DispatchResult | None] = [None] * len(group)
-        queue = deque((i, e.payload, e.options, e.task_id) for i, e in enumerate(group))
-        Admission(group[0].task_type, snap, results, replace_idempotency=group[0].replace,
-                  lane_share=group[0].share).run(queue)
-        for entry, result in zip(group, results, strict=True):
-            entry.result = result
-
-
-def _admit_alone(entry: Waiting, snap: config.Snapshot) -> DispatchResult | None:
-    """A turn of one call (an idle process's ``dispatch.delay``): ``Admission``'s steps for a chunk of one,
-    without its chunking, streaming and settling, which cost a single call a third of its CPU.
-
-    The same steps in the same order (the memory guard, ``prepare``, one admit.lua call, ``interpret``)
-    and so the same answers; None, with nothing written, for what only ``Admission`` handles: a
-    rejection by validation (judged again against the config Redis has), a ``Stale`` reply (admitted
-    under the new config), replica acks (its ``WAIT``).
-    """
-    if settings.DISPATCH_REPLICA_ACKS > 0:
-        return None
-    full = memory_guard.refusal(1)
-    if full:
-        return memory_high(snap, entry.task_type, full)
-    context = chunk_context()
-    try:
-        prepared = prepare(snap, entry.task_type, entry.payload, task_id=entry.task_id, context=context,
-                           **entry.options)
-    except Invalid:
-        return None
-    reply = admit.call_one(script_chunk(snap, prepared.tc, context, entry.replace, entry.share), prepared.item)
-    if isinstance(reply, admit.Stale):
-        return None
-    if isinstance(reply, redis.RedisError):
-        logger.warning("dispatch_unavailable type=%s items=%d", shown(entry.task_type, 100), 1)
-    elif isinstance(reply, admit.Admitted):
-        admit.count_dispatched(prepared.tc.lane, prepared.tc.name, prepared.now)
-    return answer(reply, prepared, snap.limits, entry.share)
+    return by_kind.values()
 
 
 def answer(reply: admit.Reply | redis.RedisError, item: Prepared, limits: dict[str, dict] | None,
@@ -353,156 +326,171 @@ def split_item(item: Any, defaults: dict[str, Any]) -> tuple[Any, dict[str, Any]
     return payload, merged
 
 
+#: One dispatch waiting in an ``Admission``'s queue: its index in the results, payload, options and task id.
+Entry = tuple[int, Any, dict[str, Any], str]
+
+
 class Admission:
-    """Dispatches of one task type through admit.lua, a chunk per call: the path of every dispatch but a
-    lone call's (``_admit_alone`` takes its steps for one item, and hands back here what only it handles).
+    """Dispatches of one task type through admit.lua, a chunk per call: the one path of every dispatch.
 
     ``dispatch.delay`` is a chunk of one; ``dispatch_many`` sends chunks of up
     to ``CHUNK_ITEMS``, up to ``IN_FLIGHT`` of them before the oldest one's
     replies are read, so the caller's work overlaps Redis'; one connection
-    keeps the items in order. A chunk's replies become results as they are
-    read; with ``DISPATCH_REPLICA_ACKS`` they wait in ``answered`` until that
-    many replicas confirmed every write (one ``WAIT`` at the end). A ``Stale``
-    reply (an admin save landed mid-call) puts the items from there on back at
-    the front of the queue, to be judged again by the new config; a rejection
-    by validation is judged again once against the config Redis has.
+    (``admit.Calls``) keeps the items in order. A chunk's replies become results
+    as they are read; with ``DISPATCH_REPLICA_ACKS`` they wait in ``answered``
+    until that many replicas confirmed every write (one ``WAIT`` at the end). A
+    ``Stale`` reply (an admin save landed mid-call) puts the chunk's items and
+    those after it back at the front of the queue, to be judged again by the new
+    config (the one retry loop: ``_requeue``); a rejection by validation is
+    judged again once against the config Redis has.
     """
+
+    __slots__ = ("answered", "confirmed", "lane_share", "lost", "replace_idempotency", "results", "rounds", "sent",
+                 "settle_now", "snap", "task_type")
 
     def __init__(self, task_type: Any, snap: config.Snapshot, results: list[DispatchResult | None], *,
                  replace_idempotency: bool = False, lane_share: int = owners.WHOLE_LANE_PCT) -> None:
         self.task_type, self.snap, self.results = task_type, snap, results
         self.replace_idempotency, self.lane_share = replace_idempotency, lane_share
-        self.answered: list[tuple[int, Prepared, admit.Reply | redis.RedisError, dict]] = []
-        self.sent: deque[list[tuple[int, Prepared]]] = deque()
-        self.entries: dict[int, tuple[int, Any, dict[str, Any], str]] = {}
+        #: Chunks sent and not read yet, oldest first: each item's queue entry and what was sent for it.
+        self.sent: deque[list[tuple[Entry, Prepared]]] = deque()
+        #: With replica acks: each chunk read (its items, replies, the limits they were judged by), until the WAIT.
+        self.answered: list[tuple[list[tuple[Entry, Prepared]], Sequence[admit.Reply | redis.RedisError], dict]] = []
+        self.settle_now = True
         self.confirmed = False
         self.rounds = 0
-        self.chunks = 0  # sent so far
         self.lost = 0  # items answered 'unavailable'
-        self.settle_now = True
 
-    def run(self, queue: deque[tuple[int, Any, dict[str, Any], str]]) -> None:
-        self.entries = {entry[0]: entry for entry in queue}
+    def run(self, queue: deque[Entry]) -> None:
         # Without replica acks a reply is final when it comes: each chunk's results are made while Redis
         # admits the next ones, not all at the end with Redis idle (a sixth of a large call's time).
-        self.settle_now = settings.DISPATCH_REPLICA_ACKS <= 0
+        read = dispatch_settings()
+        acks = read.replica_acks
+        self.settle_now = acks <= 0
+        sent = self.sent
+        chunks = 0
         with admit.Calls() as calls:
-            while queue or self.sent:
+            while queue or sent:
                 if queue:
-                    size = next_chunk_size(self.chunks, len(queue))
-                    chunk = [queue.popleft() for _ in range(size)]
-                    full = memory_guard.refusal(len(chunk))
+                    size = next_chunk_size(chunks, len(queue))
+                    if size == len(queue):  # the rest in one chunk (a dispatch.delay's one item, the last chunk)
+                        chunk = list(queue)
+                        queue.clear()
+                    else:
+                        chunk = [queue.popleft() for _ in range(size)]
+                    full = memory_guard.refusal(size)
                     if full:  # Redis near its maxmemory: the chunk is refused before its script runs
                         for index, *_ in chunk:
                             self.results[index] = memory_high(self.snap, self.task_type, full)
                         continue
                     version = self.snap.version
                     script_chunk, prepared = self._prepare(chunk)
-                    if self.snap.version != version and self.sent:
+                    if self.snap.version != version and sent:
                         # Validation met a newer config: the chunks in flight went out under the old one. Those
                         # that come back stale must be admitted before this chunk, as they come before it.
                         stale = self._drain(calls)
                         if stale:
-                            queue.extendleft(self.entries[index] for index, _ in reversed(prepared))
+                            queue.extendleft(entry for entry, _ in reversed(prepared))
                             self._requeue(stale, queue)
                             continue
                     if prepared:
                         calls.send(script_chunk, [p.item for _, p in prepared])  # type: ignore[arg-type]
-                        self.sent.append(prepared)
-                        self.chunks += 1
+                        sent.append(prepared)
+                        chunks += 1
                 # Chunks wait in Redis (up to IN_FLIGHT) while the next is prepared; past that, or at the end, read.
-                if len(self.sent) >= IN_FLIGHT or (self.sent and not queue):
+                if len(sent) >= IN_FLIGHT or (sent and not queue):
                     stale = self._receive(calls)
                     if stale:
                         self._requeue(stale + self._drain(calls), queue)
-            failed = calls.replicas_confirmed(settings.DISPATCH_REPLICA_ACKS,
-                                              settings.DISPATCH_REPLICA_ACKS_TIMEOUT_MS) \
-                if not self.settle_now and any(admit.reports_a_task(reply) for _, _, reply, _ in self.answered) \
-                else None
-        self._settle(self.answered, failed)
+            failed = None
+            if self.answered and any(admit.reports_a_task(reply) for _, replies, _ in self.answered
+                                     for reply in replies):
+                failed = calls.replicas_confirmed(acks, read.replica_acks_timeout_ms)
+        for batch, replies, limits in self.answered:
+            self._settle(batch, replies, limits, failed)
         if self.lost:
             logger.warning("dispatch_unavailable type=%s items=%d", shown(self.task_type, 100), self.lost)
 
-    def _settle(self, answered: list[tuple[int, Prepared, admit.Reply | redis.RedisError, dict]],
-                failed: redis.RedisError | None) -> None:
-        """Turn ``answered`` replies into results; ``failed``: the replicas did not confirm the writes."""
-        if not answered:
-            return
-        dispatched: Counter[tuple[str, str, float]] = Counter()
-        for index, item, reply, limits in answered:
+    def _settle(self, batch: list[tuple[Entry, Prepared]], replies: Sequence[admit.Reply | redis.RedisError],
+                limits: dict[str, dict], failed: redis.RedisError | None) -> None:
+        """Turn a chunk's replies into results; ``failed``: the replicas did not confirm the writes."""
+        results, share = self.results, self.lane_share
+        admitted = 0
+        for (entry, item), reply in zip(batch, replies, strict=True):
             if failed is not None and admit.reports_a_task(reply):
                 reply = failed
-            if isinstance(reply, redis.RedisError):
+            if isinstance(reply, admit.Admitted):
+                admitted += 1
+            elif isinstance(reply, redis.RedisError):
                 self.lost += 1
-            elif isinstance(reply, admit.Admitted):
-                dispatched[item.tc.lane, item.tc.name, item.now] += 1
-            self.results[index] = answer(reply, item, limits, self.lane_share)
-        for (lane, name, now), amount in dispatched.items():
-            admit.count_dispatched(lane, name, now, amount)  # in process (lanes.counters), once a chunk
+            results[entry[0]] = answer(reply, item, limits, share)
+        if admitted:  # a chunk is one type's, prepared at one time: counted once (in process, lanes.counters)
+            item = batch[0][1]
+            admit.count_dispatched(item.tc.lane, item.tc.name, item.now, admitted)
 
-    def _prepare(self, chunk: list[tuple[int, Any, dict[str, Any], str]]
-                 ) -> tuple[admit.Chunk | None, list[tuple[int, Prepared]]]:
+    def _prepare(self, chunk: list[Entry]) -> tuple[admit.Chunk | None, list[tuple[Entry, Prepared]]]:
         """Validate ``chunk`` against the config; rejections are final, the rest go to Redis (as one
         admit.lua chunk, returned with them: None when none is left)."""
-        prepared: list[tuple[int, Prepared]] = []
+        prepared: list[tuple[Entry, Prepared]] = []
         invalid: list[tuple[int, Invalid]] = []
         context = chunk_context()  # one for the chunk, as admit.lua admits it at one time
-        for index, payload, options, task_id in chunk:
+        snap, task_type = self.snap, self.task_type
+        for entry in chunk:
             try:
-                prepared.append((index, prepare(self.snap, self.task_type, payload, task_id=task_id,
-                                                context=context, **options)))
+                prepared.append((entry, prepare(snap, task_type, entry[1], task_id=entry[3], context=context,
+                                                **entry[2])))
             except Invalid as exc:
-                invalid.append((index, exc))
-        if invalid and not self.confirmed:
-            # A rejection may come from a cached config older than a fresh admin save.
-            self.confirmed = True
-            fresh = confirm_config(self.snap)
-            if fresh.version != self.snap.version:
-                self.snap = fresh
-                return self._prepare(chunk)
-        for index, error in invalid:
-            self.results[index] = rejected_invalid(self.snap, self.task_type, error)
+                invalid.append((entry[0], exc))
+        if invalid:
+            if not self.confirmed:
+                # A rejection may come from a cached config older than a fresh admin save.
+                self.confirmed = True
+                fresh = confirm_config(snap)
+                if fresh.version != snap.version:
+                    self.snap = fresh
+                    return self._prepare(chunk)
+            for index, error in invalid:
+                self.results[index] = rejected_invalid(snap, task_type, error)
         if not prepared:
             return None, prepared
-        return script_chunk(self.snap, prepared[0][1].tc, context, self.replace_idempotency,
-                            self.lane_share), prepared
+        return script_chunk(snap, prepared[0][1].tc, context, self.replace_idempotency, self.lane_share), prepared
 
-    def _receive(self, calls: admit.Calls) -> list[tuple[int, str]]:
-        """Read the oldest chunk's replies; returns its stale items (index, Redis' config version)."""
+    def _receive(self, calls: admit.Calls) -> list[tuple[Entry, str]]:
+        """Read the oldest chunk's replies; returns its items if they came back stale (entry, Redis' config
+        version): a call's are all stale or none (admit.lua checks the version before any item)."""
         batch = self.sent.popleft()
-        stale: list[tuple[int, str]] = []
-        answered = self.answered if not self.settle_now else []
-        for (index, item), reply in zip(batch, calls.receive(), strict=True):
-            if isinstance(reply, admit.Stale):
-                stale.append((index, reply.version))
-            else:
-                answered.append((index, item, reply, self.snap.limits))
+        replies = calls.receive()
+        first = replies[0]
+        if isinstance(first, admit.Stale):
+            return [(entry, first.version) for entry, _ in batch]
         if self.settle_now:
-            self._settle(answered, None)
-        return stale
+            self._settle(batch, replies, self.snap.limits, None)
+        else:
+            self.answered.append((batch, replies, self.snap.limits))
+        return []
 
-    def _drain(self, calls: admit.Calls) -> list[tuple[int, str]]:
+    def _drain(self, calls: admit.Calls) -> list[tuple[Entry, str]]:
         """Read every chunk in flight; returns their stale items, in order (once one is stale, all after it are:
         Redis' config version only moves forward)."""
-        stale: list[tuple[int, str]] = []
+        stale: list[tuple[Entry, str]] = []
         while self.sent:
             stale += self._receive(calls)
         return stale
 
-    def _requeue(self, stale: list[tuple[int, str]], queue: deque) -> None:
+    def _requeue(self, stale: list[tuple[Entry, str]], queue: deque[Entry]) -> None:
         """Put the stale items back at the front of ``queue``, in order, under the config Redis has now."""
         self.rounds += 1
         if self.rounds >= MAX_ROUNDS:
-            for index, _ in stale:
+            for (index, *_), _ in stale:
                 self.results[index] = config_kept_changing()
             return
         try:
             self.snap = config.ensure(stale[-1][1])
         except redis.RedisError as exc:  # nothing of these was written: admit.lua stopped at the version
-            for index, _ in stale:
+            for (index, *_), _ in stale:
                 self.results[index] = unavailable(exc, None)
             return
-        queue.extendleft(self.entries[index] for index, _ in reversed(stale))
+        queue.extendleft(entry for entry, _ in reversed(stale))
 
 
 @shared_task(name="tasks.dispatch_many", typing=False)

@@ -9,6 +9,8 @@
 - A save or delete of a retry policy, task type, limit or a type's limit bumps the config version
   (``lanes.config_version``; the lanes app connects ``Lane`` the same way).
 - A deleted schedule takes its derived PeriodicTask with it.
+- A setting changed (``override_settings``) is read again by the next dispatch
+  (``admission.dispatch_settings``).
 - A worker process settles its finished records before it exits; beat runs the
   maintenance loop in a thread.
 
@@ -23,13 +25,14 @@ from typing import Any
 
 import redis
 from celery import signals as celery_signals
+from django.core.signals import setting_changed
 from django.db.models.signals import post_delete
 
 from lanes import config_version, counters, leases
 from lanes.metrics import record_rejection
 from lanes.redis_client import get_redis
 from lanes.signals import message_unreadable
-from tasks import dead_letters, history, maintenance
+from tasks import admission, dead_letters, history, maintenance
 from tasks.models import Limit, RetryPolicy, Schedule, TaskType, TaskTypeLimit, drop_periodic_task
 from tasks.signals import TaskInfo, task_rejected
 
@@ -58,6 +61,7 @@ def settle_before_exit(**_: Any) -> None:
 def connect() -> None:
     """Connect every receiver above (idempotent: each has a ``dispatch_uid``)."""
     task_rejected.connect(count_rejection, dispatch_uid="lanes.count_rejection")
+    setting_changed.connect(admission.forget_settings, dispatch_uid="tasks.admission.forget_settings")
     message_unreadable.connect(record_unreadable_message, dispatch_uid="tasks.record_unreadable_message")
     config_version.connect(RetryPolicy, TaskType, Limit, TaskTypeLimit)
     celery_signals.worker_process_shutdown.connect(settle_before_exit, weak=False,

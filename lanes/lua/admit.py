@@ -10,20 +10,16 @@ Replies come back decoded, one named value an item (``Admitted``, ``Rejected``,
 from __future__ import annotations
 
 import functools
-import os
 import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError, ResponseError
 
 from lanes import counters, keys
-from lanes.forksafe import ForkSafeLock
-from lanes.lua.loader import NotSent, Packed, ScriptStream, bulk_strings, script
+from lanes.lua.loader import Packed, ScriptStream, bulk_strings
 from lanes.lua.loader import utf8_length as _length
 
 NAME = "admit"
@@ -139,12 +135,10 @@ def reports_a_task(reply: Any) -> bool:
 ESTIMATE_INPUTS_TTL_S = 1.0
 #: lane -> (monotonic time read, minute, the inputs); a minute's change reads them again.
 _estimate_inputs: dict[str, tuple[float, int, EstimateInputs]] = {}
-_estimate_lock = ForkSafeLock()
 
 
 def _cached_estimate(lane: str, now: float) -> EstimateInputs | None:
-    with _estimate_lock:
-        cached = _estimate_inputs.get(lane)
+    cached = _estimate_inputs.get(lane)  # one dict read or write is atomic: no lock around either
     if cached is not None and cached[1] == int(now // 60) and time.monotonic() - cached[0] < ESTIMATE_INPUTS_TTL_S:
         return cached[2]
     return None
@@ -164,8 +158,11 @@ def _healthy(inputs: EstimateInputs) -> bool:
 class Calls:
     """admit.lua's calls on one connection, a chunk each (``ScriptStream``); a context manager.
 
-    ``send`` a chunk, ``receive`` the oldest chunk's replies (one an item, in
-    order). Never raises: a reply is the ``RedisError`` its call met
+    The one way to call admit.lua: a lone ``dispatch.delay``'s chunk of one and
+    ``dispatch_many``'s chunks alike (``tasks.bulk.Admission``). ``send`` a
+    chunk, ``receive`` the oldest chunk's replies (one an item, in order). A
+    stream of one chunk is one ``EVALSHA`` on the connection the process keeps
+    between streams. Never raises: a reply is the ``RedisError`` its call met
     (``lanes.lua.loader.NotSent``: nothing of it was written).
     """
 
@@ -182,12 +179,12 @@ class Calls:
 
     def send(self, chunk: Chunk, items: Sequence[Item]) -> None:
         cached = _cached_estimate(chunk.lane, chunk.now)
-        self._stream.send([packed(chunk, items, read_estimate=cached is None)])
+        self._stream.send(packed(chunk, items, read_estimate=cached is None))
         self._sent.append((chunk, len(items), cached))
 
     def receive(self) -> Sequence[Reply | RedisError]:
         chunk, count, cached = self._sent.popleft()
-        (reply,) = self._stream.receive()
+        reply = self._stream.receive()
         if isinstance(reply, RedisError):
             return [reply] * count
         try:
@@ -198,96 +195,6 @@ class Calls:
     def replicas_confirmed(self, replicas: int, timeout_ms: int) -> RedisError | None:
         """``ScriptStream.replicas_confirmed``: None when ``replicas`` replicas hold every write sent."""
         return self._stream.replicas_confirmed(replicas, timeout_ms)
-
-
-def call_one(chunk: Chunk, item: Item) -> Reply | RedisError:
-    """One item's admit.lua call on the connection kept for it, without a ``Calls`` stream: a lone ``dispatch.delay``.
-
-    A stream's batches, its first-batch probe and its bookkeeping are for chunks that overlap the
-    caller's work; a single call waits for its one reply anyway, and they were a fifth of its
-    CPU. Answers as ``Calls.receive`` does for a chunk of one, and never raises: the reply
-    decoded, or the ``RedisError`` the call met (``NotSent``: no connection, nothing written; a
-    Redis that lost the script gets it by ``EVAL``, as ``lanes.lua.loader.call`` sends it).
-    """
-    cached = _cached_estimate(chunk.lane, chunk.now)
-    call = packed(chunk, (item,), read_estimate=cached is None)
-    try:
-        found = script(NAME)
-        pool = found.registered_client.connection_pool  # type: ignore[union-attr]  # never a cluster client
-        conn = _take_connection(pool)
-    except RedisError as exc:
-        return NotSent(exc)
-    except OSError as exc:  # a socket error redis-py did not wrap (its checks before a send)
-        return NotSent(RedisConnectionError(f"Error connecting to Redis: {exc}"))
-    tail = f"${len(str(call.numkeys))}\r\n{call.numkeys}\r\n".encode() + call.resp
-    reply: Any
-    try:
-        try:
-            conn.send_packed_command((f"*{3 + call.count}\r\n$7\r\nEVALSHA\r\n$40\r\n{found.sha}\r\n".encode()
-                                      + tail,))
-            reply = conn.read_response()
-        except NoScriptError:  # nothing of it ran: sent again with the script's text
-            source = found.script.encode() if isinstance(found.script, str) else found.script
-            conn.send_packed_command((f"*{3 + call.count}\r\n$4\r\nEVAL\r\n${len(source)}\r\n".encode()
-                                      + source + b"\r\n" + tail,))
-            reply = conn.read_response()
-    except ResponseError as exc:  # the script's own error (OOM, ...): the connection is still in step
-        reply = exc
-    except RedisError as exc:  # unknown outcome; redis-py dropped the connection, and so do we, to be sure
-        conn.disconnect()
-        reply = exc
-    finally:
-        _keep_connection(pool, conn)
-    if isinstance(reply, RedisError):
-        return reply
-    try:
-        return decode(reply, 1, chunk, cached)[0]
-    except ValueError as exc:  # never expected (as in ``Calls.receive``)
-        return ResponseError(str(exc))
-
-
-#: The connection ``call_one`` keeps between calls, with its pool (at most one; a call that finds none
-#: takes one from the pool): the pool's checkout and return, with redis-py's observability records,
-#: cost a lone dispatch about a tenth of its CPU. Taken out of the pool, never shared: one call at a time.
-_kept: list[tuple[Any, Any]] = []
-_kept_lock = ForkSafeLock()
-
-
-def _take_connection(pool: Any) -> Any:
-    """A connection of ``pool`` ready to send, checked as the pool checks one it hands out (connected, with
-    nothing left to read: a server that closed it, a restart, is met here and not by the call)."""
-    with _kept_lock:
-        kept = _kept.pop() if _kept else None
-    if kept is None or kept[0] is not pool or kept[1].pid != os.getpid():
-        if kept is not None:
-            kept[0].release(kept[1])  # another client's (a reset), or the parent's before a fork: back to it
-        return pool.get_connection()
-    conn = kept[1]
-    try:
-        conn.connect()
-        if conn.can_read():
-            raise RedisConnectionError("Connection has data")
-    except (RedisConnectionError, RedisTimeoutError, OSError):
-        try:
-            conn.disconnect()
-            conn.connect()
-            if conn.can_read():
-                raise RedisConnectionError("Connection not ready") from None
-        except BaseException:
-            pool.release(conn)
-            raise
-    return conn
-
-
-def _keep_connection(pool: Any, conn: Any) -> None:
-    """Keep ``conn`` for the next call if none is kept and the pool would take it back (after a Sentinel
-    failover it would not: the old master's); else return it to the pool, which decides."""
-    if pool.owns_connection(conn) and not conn.should_reconnect():
-        with _kept_lock:
-            if not _kept:
-                _kept.append((pool, conn))
-                return
-    pool.release(conn)
 
 
 def decode(reply: Any, count: int, chunk: Chunk, cached: EstimateInputs | None = None) -> list[Reply]:
@@ -309,8 +216,7 @@ def decode(reply: Any, count: int, chunk: Chunk, cached: EstimateInputs | None =
         estimate = EstimateInputs(int(inputs[0]), int(inputs[1]), float(inputs[2]), float(inputs[3]),
                                   int(inputs[4]) == 1, int(inputs[5]))
         if _healthy(estimate):
-            with _estimate_lock:
-                _estimate_inputs[chunk.lane] = (time.monotonic(), int(chunk.now // 60), estimate)
+            _estimate_inputs[chunk.lane] = (time.monotonic(), int(chunk.now // 60), estimate)
     out: list[Reply] = []
     for item in items:
         if isinstance(item, int):

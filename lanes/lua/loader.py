@@ -19,16 +19,21 @@ per server.
 
 from __future__ import annotations
 
+import os
 import re
+from collections import deque
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from redis.commands.core import Script
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from lanes import keys
+from lanes.forksafe import ForkSafeLock
 from lanes.redis_client import get_redis
 
 SCRIPT_DIR = Path(__file__).parent
@@ -230,132 +235,178 @@ class NotSent(RedisError):
 #: ``ScriptStream`` there sends its first batch without one (and again with one on ``NOSCRIPT``).
 _loaded_on: set[tuple[int, str]] = set()
 
+#: The connection a ``ScriptStream`` keeps between streams, with its pool (at most one; a stream that finds
+#: none, or another's, takes one from the pool): the pool's checkout and return, with redis-py's observability
+#: records, were about a tenth of a lone dispatch's CPU. Out of the pool, never shared: one stream at a time.
+_kept: list[tuple[Any, Any]] = []
+_kept_lock = ForkSafeLock()
+
+
+def _take_connection(pool: Any) -> Any:
+    """A connection of ``pool`` ready to send: the kept one, checked as the pool checks one it hands out
+    (connected, with nothing left to read: a server that closed it, a restart, is met here and not by the
+    call), else the pool's."""
+    with _kept_lock:
+        kept = _kept.pop() if _kept else None
+    if kept is None or kept[0] is not pool or kept[1].pid != os.getpid():
+        if kept is not None:
+            kept[0].release(kept[1])  # another client's (a reset), or the parent's before a fork: back to it
+        return pool.get_connection()
+    conn = kept[1]
+    try:
+        conn.connect()
+        if conn.can_read():
+            raise RedisConnectionError("Connection has data")
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        try:
+            conn.disconnect()
+            conn.connect()
+            if conn.can_read():
+                raise RedisConnectionError("Connection not ready") from None
+        except BaseException:
+            pool.release(conn)
+            raise
+    return conn
+
+
+def _keep_connection(pool: Any, conn: Any) -> None:
+    """Keep ``conn`` for the next stream if none is kept and the pool would take it back (after a Sentinel
+    failover it would not: the old master's); else return it to the pool, which decides."""
+    if pool.owns_connection(conn) and not conn.should_reconnect():
+        with _kept_lock:
+            if not _kept:
+                _kept.append((pool, conn))
+                return
+    pool.release(conn)
+
+
+def kept_connections(pool: Any) -> list[Any]:
+    """The connections of ``pool`` kept out of it between streams (for the leak check of the tests)."""
+    with _kept_lock:
+        return [conn for owner, conn in _kept if owner is pool]
+
 
 class ScriptStream:
-    """Batches of calls of one script, sent on one connection with the next batch sent before the last is read.
+    """Calls of one script on one connection, each sent before the last is read.
 
-    So the caller prepares batch N+1 while Redis runs batch N: one round trip
-    per batch, and the caller's work overlaps Redis'. One connection keeps the
-    order: Redis runs the calls in the order they were sent. The first batch
-    carries ``SCRIPT LOAD`` ahead of its calls (same round trip), so a server
-    that lost the script (restart, ``SCRIPT FLUSH``) has it again; once this
-    process has seen that server load it, the first batch goes without, and is
-    read before any other is sent (so that a ``NOSCRIPT`` answer, which means
-    nothing of it ran, is sent again with ``SCRIPT LOAD``, still first). A lone
-    call (a single dispatch) is then one ``EVALSHA``. Never raises:
-    ``receive`` gives each call its reply or the ``RedisError`` it met (a
-    ``ResponseError`` of that call alone; the connection's error for every call
-    not yet answered, in this batch and those sent after it: their outcome is
-    unknown; ``NotSent`` for the calls of a batch not sent because the
-    connection had failed: nothing of them was written). Use as a context
-    manager; ``replicas_confirmed`` then ``WAIT``s once for every write.
+    So the caller prepares call N+1 while Redis runs call N: one round trip a
+    call, and the caller's work overlaps Redis'. One connection keeps the
+    order: Redis runs the calls in the order they were sent; it is the one the
+    process keeps between streams when free (``_take_connection``). A stream's
+    first call goes without ``SCRIPT LOAD`` once this process has seen that
+    server load the script, and is read before any other is sent: a
+    ``NOSCRIPT`` answer (nothing of it ran) sends it again with ``SCRIPT LOAD``
+    ahead (same round trip), as every first call on a server not seen yet
+    goes. A stream of one call (a single dispatch) is then one ``EVALSHA``.
+    Never raises: ``receive`` gives each call its reply or the ``RedisError``
+    it met (a ``ResponseError`` of that call alone; the connection's error for
+    every call not yet answered: their outcome is unknown; ``NotSent`` for a
+    call not sent because the connection had failed: nothing of it was
+    written). Use as a context manager; ``replicas_confirmed`` then ``WAIT``s
+    once for every write.
     """
+
+    __slots__ = ("_conn", "_error", "_first", "_in_flight", "_load", "_pool", "_probe", "_ready", "_sha", "_source",
+                 "directory", "name")
 
     def __init__(self, name: str, directory: Path | None = None) -> None:
         self.name, self.directory = name, directory
         self._conn: Any = None
-        self._pool: Any = None
         self._error: RedisError | None = None
-        self._loaded = False
-        # (calls, SCRIPT LOAD reply first, sent) a batch
-        self._in_flight: list[tuple[int, bool, bool]] = []
-        #: The first batch, sent without SCRIPT LOAD and not read yet: read before another is sent.
-        self._probe: Sequence[Any] | None = None
-        self._probe_replies: list[Any] | None = None
-        self._server_has = False
+        #: The next call goes with SCRIPT LOAD ahead (the server may not have the script).
+        self._load = True
+        self._first = True
+        #: (SCRIPT LOAD reply first, sent) a call sent and not read yet.
+        self._in_flight: deque[tuple[bool, bool]] = deque()
+        #: The first call, sent without SCRIPT LOAD and not read yet (read before another is sent), then its reply.
+        self._probe: Packed | tuple[Sequence[Any], Sequence[Any]] | None = None
+        self._ready: Any = _NONE
 
     def __enter__(self) -> ScriptStream:
         try:
             found = script(self.name, self.directory)
             self._sha, self._source = found.sha, found.script
-            self._pool = found.registered_client.connection_pool  # type: ignore[union-attr]
-            self._conn = self._pool.get_connection()
-            self._server_has = (id(self._pool), self._sha) in _loaded_on
+            self._pool = pool = found.registered_client.connection_pool  # type: ignore[union-attr]  # never a cluster
+            self._conn = _take_connection(pool)
+            self._load = (id(pool), found.sha) not in _loaded_on
         except RedisError as exc:
             self._error = NotSent(exc)
+        except OSError as exc:  # a socket error redis-py did not wrap (its checks before a send)
+            self._error = NotSent(RedisConnectionError(f"Error connecting to Redis: {exc}"))
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        if self._conn is not None:
-            if self._in_flight or self._error is not None:  # replies left unread: the connection is out of step
-                self._conn.disconnect()
-            self._pool.release(self._conn)
+        conn = self._conn
+        if conn is not None:
+            if self._in_flight or self._error is not None:  # replies left unread, or a failed call: out of step
+                conn.disconnect()
+            _keep_connection(self._pool, conn)
             self._conn = None
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight) + (self._probe_replies is not None)
-
-    def send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed]) -> None:
-        """Send one batch (``(keys, args)`` or ``Packed`` per call); its replies come from a later ``receive``."""
+    def send(self, call: Packed | tuple[Sequence[Any], Sequence[Any]]) -> None:
+        """Send one call (``Packed``, or its keys and arguments); its reply comes from a later ``receive``."""
         if self._probe is not None:
             self._read_probe()
-        probe = not self._loaded and self._error is None and self._server_has
-        if probe:
-            self._loaded = True
-            self._probe = calls
-        self._send(calls)
+        if self._first:
+            self._first = False
+            if not self._load and self._error is None:
+                self._probe = call
+        self._send(call)
 
     def _read_probe(self) -> None:
-        """Read the first batch, sent without SCRIPT LOAD; if the server lost the script, send it again with."""
-        calls, self._probe = self._probe, None
-        replies = self._read()
-        if replies and all(isinstance(reply, NoScriptError) for reply in replies):  # nothing of it ran
+        """Read the first call, sent without SCRIPT LOAD; if the server lost the script, send it again with."""
+        call, self._probe = self._probe, None
+        reply = self._read()
+        if isinstance(reply, NoScriptError):  # nothing of it ran
             _loaded_on.discard((id(self._pool), self._sha))
-            self._loaded = False
-            self._send(calls)  # type: ignore[arg-type]  # set with the probe
-            replies = self._read()
-        self._probe_replies = replies
+            self._load = True
+            self._send(call)  # type: ignore[arg-type]  # set with the probe
+            reply = self._read()
+        self._ready = reply
 
-    def _send(self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]] | Packed]) -> None:
-        load = not self._loaded
+    def _send(self, call: Packed | tuple[Sequence[Any], Sequence[Any]]) -> None:
+        load = self._load
         sent = self._error is None
         if sent:
-            commands: list[Any] = [("SCRIPT", "LOAD", self._source)] if load else []
-            commands += [call if isinstance(call, Packed) else ("EVALSHA", self._sha, len(call[0]), *call[0], *call[1])
-                         for call in calls]
             try:
                 # No health check (a PING read) while replies are pending: it would read one of theirs.
-                self._conn.send_packed_command(_pack(self._conn, commands, self._sha),
+                self._conn.send_packed_command(_pack(self._conn, call, self._sha, self._source if load else None),
                                                check_health=not self._in_flight)
-                self._loaded = True
+                self._load = False
             except RedisError as exc:  # part may have gone out: unknown, like an unanswered call
                 self._error = exc
-        self._in_flight.append((len(calls), load and self._loaded, sent))
+        self._in_flight.append((load and sent, sent))
 
-    def receive(self) -> list[Any]:
-        """The replies of the oldest batch sent and not yet received, in order."""
+    def receive(self) -> Any:
+        """The reply of the oldest call sent and not yet received (or the ``RedisError`` it met)."""
         if self._probe is not None:
             self._read_probe()
-        if self._probe_replies is not None:
-            replies, self._probe_replies = self._probe_replies, None
-            return replies
+        reply = self._ready
+        if reply is not _NONE:
+            self._ready = _NONE
+            return reply
         return self._read()
 
-    def _read(self) -> list[Any]:
-        count, load, sent = self._in_flight.pop(0)
-        if self._error is not None:
-            error = self._error
-            if not sent and not isinstance(error, NotSent):
-                error = NotSent(error)
-            return [error] * count
-        replies: list[Any] = []
+    def _read(self) -> Any:
+        load, sent = self._in_flight.popleft()
+        error = self._error
+        if error is not None:
+            return NotSent(error) if not sent and not isinstance(error, NotSent) else error
+        conn = self._conn
         try:
             if load:
                 try:
-                    self._conn.read_response()
+                    conn.read_response()
                     _loaded_on.add((id(self._pool), self._sha))
-                except ResponseError:  # the calls then answer NOSCRIPT, each its own error
+                except ResponseError:  # the call then answers NOSCRIPT, its own error
                     pass
-            while len(replies) < count:
-                try:
-                    replies.append(self._conn.read_response())
-                except ResponseError as exc:
-                    replies.append(exc)
-        except RedisError as exc:  # the connection broke (redis-py dropped it): the rest are unknown
+            try:
+                return conn.read_response()
+            except ResponseError as exc:
+                return exc
+        except RedisError as exc:  # the connection broke (redis-py dropped it): this and the rest are unknown
             self._error = exc
-            replies += [exc] * (count - len(replies))
-        return replies
+            return exc
 
     def replicas_confirmed(self, replicas: int, timeout_ms: int) -> RedisError | None:
         """``WAIT replicas timeout_ms`` for every write sent so far; None when enough replicas hold them."""
@@ -370,6 +421,10 @@ class ScriptStream:
             self._error = exc
             return exc
         return None if confirmed >= replicas else ReplicaAcksMissing(replicas, confirmed, timeout_ms)
+
+
+#: ``ScriptStream``'s "no reply kept" (a reply may be None).
+_NONE = object()
 
 
 class Packed:
@@ -398,23 +453,26 @@ def bulk_strings(values: Sequence[Any]) -> str:
     return "".join(out)
 
 
-def _pack(conn: Any, commands: list[tuple[Any, ...] | Packed], sha: str = "") -> Any:
-    """The commands in Redis' protocol; with hiredis, one C call each (redis-py's packing costs more than
-    preparing a dispatch)."""
-    if not any(isinstance(command, Packed) for command in commands):
-        if _pack_command is None:
-            return conn.pack_commands(commands)
-        return [b"".join(_pack_command(command) for command in commands)]  # type: ignore[arg-type]
-    out: list[bytes] = []
-    for command in commands:
-        if isinstance(command, Packed):
-            head = f"*{3 + command.count}\r\n$7\r\nEVALSHA\r\n{bulk_strings((sha, command.numkeys))}"
-            out += (head.encode(), command.resp)
-        elif _pack_command is None:
-            out += conn.pack_commands([command])
-        else:
-            out.append(_pack_command(command))
+def _pack(conn: Any, call: Packed | tuple[Sequence[Any], Sequence[Any]], sha: str, load: str | bytes | None
+          ) -> list[bytes]:
+    """The call's ``EVALSHA`` (``SCRIPT LOAD`` of ``load`` ahead, unless None) in Redis' protocol, as one buffer; a
+    ``Packed`` call's head written as text (hiredis, or redis-py without it, packs the rest: redis-py's packing
+    costs more than preparing a dispatch)."""
+    if isinstance(call, Packed):
+        numkeys = str(call.numkeys)
+        head = f"*{3 + call.count}\r\n$7\r\nEVALSHA\r\n${len(sha)}\r\n{sha}\r\n${len(numkeys)}\r\n{numkeys}\r\n"
+        out = [head.encode(), call.resp]
+    else:
+        out = _packed(conn, ("EVALSHA", sha, len(call[0]), *call[0], *call[1]))
+    if load is not None:
+        out = _packed(conn, ("SCRIPT", "LOAD", load)) + out
     return [b"".join(out)]
+
+
+def _packed(conn: Any, command: tuple[Any, ...]) -> list[bytes]:
+    if _pack_command is None:
+        return conn.pack_commands([command])
+    return [_pack_command(command)]
 
 
 try:

@@ -48,4 +48,4 @@ def test_packed_is_what_hiredis_packs_for_keys_and_args(drawn):
     call = admit.packed(chunk, items, read_estimate=read_estimate)
     assert (call.numkeys, call.count) == (len(keys), len(keys) + len(args))
     assert len(args) == admit.SHARED_ARGS + admit.ITEM_ARGS * len(items)
-    assert _pack(None, [call], SHA) == [expected]
+    assert _pack(None, call, SHA, None) == [expected]

@@ -308,11 +308,10 @@ def test_the_api_bulk_endpoint_sends_its_items_in_one_round_trip(monkeypatch):
     assert chunks == [20] and max(sends) == 1
 
 
-def _items_in(script_calls) -> int:
+def _items_in(call) -> int:
     """The items of the one admit.lua call a chunk sends (its shared arguments, then a fixed count an item)."""
     from lanes.lua import admit
 
-    (call,), = [script_calls]
     return (call.count - call.numkeys - admit.SHARED_ARGS) // admit.ITEM_ARGS
 
 
@@ -467,7 +466,7 @@ def test_a_config_change_seen_by_validation_keeps_the_chunks_in_flight_ahead(rc,
     sent: list[int] = []
 
     def bump_before_the_first_chunk(stream, calls):
-        sent.append(len(calls))
+        sent.append(_items_in(calls))
         if len(sent) == 1:
             bump_config_version()
         return real_send(stream, calls)

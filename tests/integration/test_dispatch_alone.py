@@ -1,6 +1,7 @@
-"""A lone ``dispatch.delay`` (``tasks.bulk._admit_alone``, ``lanes.lua.admit.call_one``): what it costs Redis,
-counted with MONITOR (never timed), and that the connection it keeps between calls is checked as the pool
-checks one, so a connection the server closed or a script it lost costs the next call nothing."""
+"""A lone ``dispatch.delay`` (a chunk of one through ``tasks.bulk.Admission`` and ``lanes.lua.admit.Calls``): what
+it costs Redis, counted with MONITOR (never timed), and that the connection admission keeps between calls
+(``lanes.lua.loader._take_connection``) is checked as the pool checks one, so a connection the server closed or a
+script it lost costs the next call nothing."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import time
 import pytest
 
 from lanes import keys
-from lanes.lua import admit as admit_wrapper
-from tasks.dispatch import dispatch
+from lanes.lua import loader
+from lanes.lua.admit import Calls
+from tasks import bulk
+from tasks.dispatch import dispatch, dispatch_many
 from tests.integration.test_doorbells import Monitor, _script_runs
 from tests.support.helpers import define, unique
 
@@ -79,8 +82,8 @@ def test_a_kept_connection_the_server_closed_is_replaced_before_the_call(rc):
     lane, type_name = unique("alone-kill"), unique("alone-kill-echo")
     define(type_name, lane=lane)
     assert dispatch.delay(type_name, {"warm": True}).accepted
-    assert admit_wrapper._kept, "a lone call keeps its connection"
-    kept = admit_wrapper._kept[0][1]
+    assert loader._kept, "a lone call keeps its connection"
+    kept = loader._kept[0][1]
     name = f"kept-{unique('c')}"
     kept.send_command("CLIENT", "SETNAME", name)
     assert kept.read_response() == b"OK"
@@ -101,7 +104,8 @@ def test_a_lone_call_loads_admit_lua_again_after_redis_lost_it(rc):
         result = dispatch.delay(type_name, {"after": "flush"})
     assert result.accepted, result
     sent = [c["command"].split(" ")[0].upper() for c in monitor.seen if c["client_type"] != "lua"]
-    assert sent[:2] == ["EVALSHA", "EVAL"], sent  # NOSCRIPT, then the script's text: nothing ran twice
+    # NOSCRIPT (nothing of it ran), then the script loaded and the call again, in one round trip: ran once.
+    assert sent[:3] == ["EVALSHA", "SCRIPT", "EVALSHA"], sent
     assert rc.llen(keys.lane_queues(lane)[0]) + sum(rc.llen(q) for q in keys.lane_queues(lane)[1:]) == 2
     rc.delete(*keys.lane_queues(lane), keys.lane_doorbell(lane))
 
@@ -112,13 +116,13 @@ def test_a_forked_child_dispatches_on_its_own_connection_and_the_parents_stays_i
     lane, type_name = unique("alone-fork"), unique("alone-fork-echo")
     define(type_name, lane=lane)
     assert dispatch.delay(type_name, {"parent": 0}).accepted
-    parents = admit_wrapper._kept[0][1]
+    parents = loader._kept[0][1]
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: answers through the pipe, then leaves without any cleanup
         try:
             result = dispatch.delay(type_name, {"child": 1})
-            own = bool(admit_wrapper._kept) and admit_wrapper._kept[0][1] is not parents
+            own = bool(loader._kept) and loader._kept[0][1] is not parents
             os.write(write_end, b"1" if result.accepted and own else b"0")
         finally:
             os._exit(0)
@@ -128,6 +132,34 @@ def test_a_forked_child_dispatches_on_its_own_connection_and_the_parents_stays_i
     os.close(read_end)
     after = [dispatch.delay(type_name, {"parent": i}) for i in range(1, 4)]
     assert all(r.accepted for r in after), after
-    assert admit_wrapper._kept[0][1] is parents
+    assert loader._kept[0][1] is parents
     assert sum(rc.llen(q) for q in keys.lane_queues(lane)) == 5
+    rc.delete(*keys.lane_queues(lane), keys.lane_doorbell(lane))
+
+
+def test_a_lone_dispatch_and_a_chunk_take_the_one_path(rc, monkeypatch):
+    """``dispatch.delay`` alone, ``dispatch_many`` of one and of three, and a dead letter's requeue: each one
+    ``Admission.run`` and one ``Calls.send`` of its items, the same code (no walk of the steps of its own)."""
+    lane, type_name = unique("alone-one"), unique("alone-one-echo")
+    define(type_name, lane=lane)
+    assert dispatch.delay(type_name, {"warm": True}).accepted
+    runs: list[int] = []
+    sends: list[int] = []
+    real_run, real_send = bulk.Admission.run, Calls.send
+
+    def run(self, queue):
+        runs.append(len(queue))
+        return real_run(self, queue)
+
+    def send(self, chunk, items):
+        sends.append(len(items))
+        return real_send(self, chunk, items)
+
+    monkeypatch.setattr(bulk.Admission, "run", run)
+    monkeypatch.setattr(Calls, "send", send)
+    assert dispatch.delay(type_name, {"alone": 1}).accepted
+    assert dispatch.delay(type_name, {"alone": 2}, _replace_idempotency=True, _task_id=unique("requeued")).accepted
+    assert [r.accepted for r in dispatch_many(type_name, [{"many": 1}])] == [True]
+    assert [r.accepted for r in dispatch_many(type_name, [{"many": n} for n in range(3)])] == [True] * 3
+    assert runs == [1, 1, 1, 3] and sends == [1, 1, 1, 3], (runs, sends)
     rc.delete(*keys.lane_queues(lane), keys.lane_doorbell(lane))

@@ -44,9 +44,9 @@ def test_a_script_error_is_raised_and_the_connection_stays_usable(rc):
     rc.delete(k[0])
     assert scripts.call("start", k, a) == [b"gone"]
     pool = get_redis().connection_pool
-    from lanes.lua import admit  # a lone dispatch keeps one connection checked out between calls (admit.call_one)
+    from lanes.lua import loader  # admission's stream keeps one connection checked out between calls
 
-    kept = {conn for owner, conn in admit._kept if owner is pool}
+    kept = set(loader.kept_connections(pool))
     assert not set(pool._in_use_connections) - kept  # every other connection went back to the pool
 
 
