@@ -475,6 +475,33 @@ class Transport(kombu_redis.Transport):
     Channel = Channel
     closing_channel: LaneChannel | None = None
 
+    def register_with_event_loop(self, connection, loop):
+        """kombu's, with a leaner tick: kombu's own tick (``on_poll_start``) hands every socket of the poller to
+        the hub again each turn of the loop (``add_reader``: an ``epoll.register`` answered EEXIST, raised and
+        caught, per socket per turn). This one hands over only a socket the hub does not already read with
+        this transport's callback: one newly registered, resumed after a full prefetch window
+        (``_pause_brpop`` removed its reader) or reconnected (kombu's disconnect hook removed it)."""
+        before = set(loop.on_tick)
+        super().register_with_event_loop(connection, loop)
+        for tick in set(loop.on_tick) - before:  # kombu's closure: cycle.on_poll_start + add_reader per fd
+            loop.on_tick.discard(tick)
+        cycle = self.cycle
+        cycle_poll_start = cycle.on_poll_start
+        add_reader = loop.add_reader
+        on_readable = self.on_readable
+
+        def on_poll_start():
+            cycle_poll_start()
+            readers, paused = loop.readers, cycle._paused_brpop
+            for fd in cycle._fd_to_chan:
+                if fd in paused:
+                    continue
+                entry = readers.get(fd)
+                if entry is None or entry[1] != (fd,) or entry[0] != on_readable:
+                    add_reader(fd, on_readable, fd)
+
+        loop.on_tick.add(on_poll_start)
+
     def _reject_inbound_message(self, raw_message):
         if self.channels or self.closing_channel is None:
             return super()._reject_inbound_message(raw_message)

@@ -277,3 +277,41 @@ def test_a_popped_platform_message_goes_straight_to_the_lease_books_taker(redis_
                 message.ack()
     finally:
         book.taker_of = None
+
+
+def test_the_event_loops_tick_hands_no_registered_socket_to_the_poller_again(kombu_queue):
+    """Each turn of a worker's event loop runs the transport's tick: kombu's handed every socket to the poller
+    again each turn (an ``epoll.register`` answered EEXIST per socket); this one registers a socket once, and
+    again only once the hub stopped reading it (a full prefetch window, a reconnect)."""
+    from kombu import Consumer
+    from kombu.asynchronous import Hub
+
+    conn, channel, queue, _publish = kombu_queue
+    hub = Hub()
+    poller = hub.poller
+    registered = []
+    original = poller.register
+
+    def counting(fd, events):
+        registered.append(fd)
+        return original(fd, events)
+
+    poller.register = counting
+    try:
+        with Consumer(channel, [queue], callbacks=[lambda body, message: None], accept=["json"]):
+            conn.transport.register_with_event_loop(conn.connection, hub)
+            for tick in list(hub.on_tick):
+                tick()  # the first turn registers the BRPOP socket
+            assert registered, "the first turn registers the channel's socket"
+            first = len(registered)
+            for _ in range(50):
+                for tick in list(hub.on_tick):
+                    tick()
+            assert len(registered) == first, f"{len(registered) - first} registrations in 50 turns"
+            [fd] = [fd for fd, (_chan, kind) in conn.transport.cycle._fd_to_chan.items() if kind == "BRPOP"]
+            hub.remove_reader(fd)  # as kombu's disconnect hook and a paused BRPOP do
+            for tick in list(hub.on_tick):
+                tick()
+            assert registered[-1] == fd and fd in hub.readers, "a socket the hub stopped reading is handed over again"
+    finally:
+        hub.close()
