@@ -63,6 +63,7 @@ from celery import signals as celery_signals
 from celery import states
 from celery.app.task import Context as CeleryContext
 from celery.exceptions import Ignore, Retry
+from celery.worker.request import Request as CeleryRequest
 from celery.worker.strategy import default as default_strategy
 from django.conf import settings
 
@@ -312,12 +313,23 @@ class Runner:
             self._work.notify()
 
     def _received(self, item: Item) -> None:
+        if celery_signals.task_received.receivers:  # what Celery's strategy sends, only when someone listens
+            self._signal_received(item)
         events = self.events
         if events is not None:
             request = item.attempt.request
             events.send("task-received", uuid=request.id, name=item.name, args=request.argsrepr,
                              kwargs=request.kwargsrepr, root_id=request.id, parent_id=None,
                              retries=request.retries, eta=None, expires=None)
+
+    def _signal_received(self, item: Item) -> None:
+        """Celery's ``task_received``, sent as its strategy sends it: by the consumer, with a ``Request`` of
+        the message (built only for a listener: the grouped path runs without one)."""
+        consumer = self.consumer
+        request = CeleryRequest(item.message, on_ack=item.ack, on_reject=item.reject, hostname=self.hostname,
+                                app=consumer.app, task=item.attempt.task,
+                                connection_errors=consumer.connection_errors)
+        celery_signals.task_received.send(sender=consumer, request=request)
 
     # -- claiming and finishing: whichever run thread finds no call in progress -------------------
     def _step(self, fresh: list[Item], done: list[tuple[Item, Any, str]]) -> None:
@@ -576,11 +588,15 @@ class Runner:
         if self.events is not None:
             kind = "task-retried" if state == states.RETRY else "task-failed"
             self.events.send(kind, uuid=attempt.task_id, exception=repr(value), traceback=None)
-        if state == states.RETRY:
-            celery_signals.task_retry.send(sender=task, request=attempt.request, reason=exc, einfo=None)
-        else:
-            celery_signals.task_failure.send(sender=task, task_id=attempt.task_id, exception=exc, args=(),
-                                             kwargs={"payload": attempt.payload}, traceback=None, einfo=None)
+        task.request_stack.push(attempt.request)  # as in Celery's trace: ``sender.request`` is the task's
+        try:
+            if state == states.RETRY:
+                celery_signals.task_retry.send(sender=task, request=attempt.request, reason=exc, einfo=None)
+            else:
+                celery_signals.task_failure.send(sender=task, task_id=attempt.task_id, exception=exc, args=(),
+                                                 kwargs={"payload": attempt.payload}, traceback=None, einfo=None)
+        finally:
+            task.pop_request()
         self._end(item, state=state)
 
     def _finish(self, done: list[tuple[Item, Any, str]], replies: list[str] | None, finished_at: float) -> None:
@@ -636,15 +652,21 @@ class Runner:
         item.done = True
         attempt = item.attempt
         tracing.end_attempt(attempt)
-        if state == states.SUCCESS:
-            if self.events is not None:
-                runtime = time.time() - attempt.started_at if attempt.started_at else 0.0
-                self.events.send("task-succeeded", uuid=attempt.task_id, result=_short_repr(value), runtime=runtime)
-            celery_signals.task_success.send(sender=attempt.task, result=value)
-        if item.claimed or state is not None:
-            celery_signals.task_postrun.send(sender=attempt.task, task_id=attempt.task_id, task=attempt.task,
-                                             args=(), kwargs={"payload": attempt.payload}, retval=value,
-                                             state=state)
+        if state == states.SUCCESS and self.events is not None:
+            runtime = time.time() - attempt.started_at if attempt.started_at else 0.0
+            self.events.send("task-succeeded", uuid=attempt.task_id, result=_short_repr(value), runtime=runtime)
+        task = attempt.task
+        # The signals run after the handler, maybe in another thread (a group's finish): with the task's
+        # request pushed, as Celery's trace sends them, so a receiver's ``sender.request`` is this task's.
+        task.request_stack.push(attempt.request)
+        try:
+            if state == states.SUCCESS:
+                celery_signals.task_success.send(sender=task, result=value)
+            if item.claimed or state is not None:
+                celery_signals.task_postrun.send(sender=task, task_id=attempt.task_id, task=task, args=(),
+                                                 kwargs={"payload": attempt.payload}, retval=value, state=state)
+        finally:
+            task.pop_request()
         try:
             if self.stopping:  # the event loop waits for drain(): ack here (a leased message's ack is in memory)
                 item.message.ack_log_error(logger, self.connection_errors)
