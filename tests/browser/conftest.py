@@ -46,29 +46,64 @@ def live_server() -> Iterator[str]:
     server.server_close()
 
 
-@pytest.fixture(scope="module")
+BROWSER_DIR = Path(__file__).resolve().parent
+#: The tier's one Chromium (and Playwright's driver), launched by the first browser test and closed after
+#: the last one: about a second of launch a module otherwise (the browser keeps no state between tests:
+#: each has its own context).
+_shared: dict = {}
+
+
+def _in_tier(item) -> bool:
+    return item is not None and BROWSER_DIR in Path(str(item.fspath)).resolve().parents
+
+
+def _close_browser() -> None:
+    if "previous" not in _shared:
+        return
+    try:
+        if "browser" in _shared:
+            _shared.pop("browser").close()
+    finally:
+        if "playwright" in _shared:
+            _shared.pop("playwright").__exit__(None, None, None)
+        previous = _shared.pop("previous")
+        if previous is None:
+            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        else:
+            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The tier's last test closes the browser: Playwright's event loop stays out of the other tiers."""
+    if _in_tier(item) and not _in_tier(nextitem):
+        _close_browser()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _close_browser()
+
+
+@pytest.fixture
 def browser():
     if not os.path.exists(CHROMIUM):
         message = f"browser tests need Chromium at {CHROMIUM}: apt-get install -y chromium (or set CHROMIUM_PATH)"
         if os.environ.get("CI"):
             pytest.fail(message)  # CI installs it: missing there is a broken setup, not a skip
         pytest.skip(message)
-    from playwright.sync_api import sync_playwright
+    if "browser" not in _shared:
+        from playwright.sync_api import sync_playwright
 
-    # Playwright's sync API keeps an asyncio loop in this thread; Django would then
-    # refuse the test's own ORM calls. Nothing else runs on that loop: allow them.
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as playwright:
-            instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            yield instance
-            instance.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
+        # Playwright's sync API keeps an asyncio loop in this thread; Django would then
+        # refuse the test's own ORM calls. Nothing else runs on that loop: allow them
+        # while the browser is open (the browser tier).
+        _shared["previous"] = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
+        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        manager = sync_playwright()
+        playwright = manager.__enter__()
+        _shared["playwright"] = manager
+        _shared["browser"] = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    return _shared["browser"]
 
 
 #: Reports every Content-Security-Policy violation of every page the context opens to Python.

@@ -26,12 +26,16 @@ WARNING = "Redis did not get the new config version"
 
 @pytest.fixture
 def redis_down(monkeypatch):
-    """``redis_down()``: from then on every get_redis() in this process (the admin runs here) meets a closed port."""
+    """``redis_down()``: from then on every get_redis() in this process (the admin runs here) meets a closed port.
+
+    The shared client is replaced, not the function: a module first imported meanwhile (the URLconf's, at
+    the admin's first request in a session) binds ``get_redis`` by name, and a stand-in bound so outlived
+    the test (test_api failed after this file when no earlier test had loaded the URLconf)."""
     import lanes.redis_client
 
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2,
                        retry=Retry(NoBackoff(), 0))
-    return lambda: monkeypatch.setattr(lanes.redis_client, "get_redis", lambda: dead)
+    return lambda: monkeypatch.setattr(lanes.redis_client, "_client", dead)
 
 
 def _warned(response) -> str:

@@ -17,13 +17,16 @@ from tests.support.redis_server import free_port
 
 @pytest.fixture
 def redis_unreachable(monkeypatch):
-    """``redis_unreachable(True)``: every get_redis() points at a closed port; ``(False)``: Redis is back."""
+    """``redis_unreachable(True)``: every get_redis() points at a closed port; ``(False)``: Redis is back.
+
+    The shared client is swapped, not the function (a module imported meanwhile binds ``get_redis`` by name:
+    see test_admin_config_bump)."""
     import lanes.redis_client
 
     dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2,
                        retry=Retry(NoBackoff(), 0))
-    real = lanes.redis_client.get_redis
-    return lambda down: monkeypatch.setattr(lanes.redis_client, "get_redis", (lambda: dead) if down else real)
+    real = lanes.redis_client.get_redis()
+    return lambda down: monkeypatch.setattr(lanes.redis_client, "_client", dead if down else real)
 
 
 def test_closing_a_lane_with_redis_unreachable_says_so_and_is_seen_later(redis_unreachable, monkeypatch):

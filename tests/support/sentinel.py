@@ -24,6 +24,8 @@ from tests.support.redis_server import free_port
 MASTER_NAME = "mymaster"
 #: Milliseconds without an answer before the Sentinels call the master down (Redis' default is 30 s).
 DOWN_AFTER_MS = 1000
+#: ``repl-diskless-sync-delay`` (s) of the topology's first sync, and of every sync after it (Redis' default).
+FIRST_SYNC_DELAY_S, SYNC_DELAY_S = 0, 5
 
 
 class _Process:
@@ -143,6 +145,9 @@ class SentinelTopology:
         config = "\n".join([
             f"port {port}", "bind 127.0.0.1", f"requirepass {self.password}", f"masterauth {self.password}",
             f'dir "{folder}"', "appendonly no", 'save ""', "daemonize no", "loglevel notice",
+            # The first sync at once (the default waits 5 s for more replicas); set back to the
+            # default once the topology is up (``start``), so a failover's resyncs are as in production.
+            f"repl-diskless-sync-delay {FIRST_SYNC_DELAY_S}",
             *([f"replicaof 127.0.0.1 {primary_port}"] if primary_port else []), "",
         ])
         return _Process(folder, port, config)
@@ -214,6 +219,8 @@ class SentinelTopology:
                 pass
             self._check_alive(deadline, "the replica did not sync with the primary")
             time.sleep(0.05)
+        for node in self.nodes:
+            self.node_client(node).config_set("repl-diskless-sync-delay", SYNC_DELAY_S)
         for s in self.sentinels:
             s.start()
         # Ready once every Sentinel knows the replica and the other Sentinels (it can then fail over).
