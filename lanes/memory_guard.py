@@ -99,6 +99,8 @@ def refusal(items: int = 1, now: float | None = None) -> str | None:
     now = time.monotonic() if now is None else now
     if now - _reading.at >= _reading.check_s or _reading.high is None:
         _refresh(now)
+    if not _reading.maxmemory:  # no maxmemory (or none known yet): nothing to refuse, no lock to take
+        return None
     with _lock:
         high = _reading.high
         if high is None:  # another thread is making the first read: nothing is known yet, so admit

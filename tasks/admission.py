@@ -342,28 +342,9 @@ def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
 def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | None = None,
               lane_share: int = owners.WHOLE_LANE_PCT) -> DispatchResult:
     """The ``DispatchResult`` admit.lua's ``reply`` (not ``Stale``) means for ``prepared``."""
+    if not isinstance(reply, admit.Admitted):  # the common reply first: one check, not four
+        return _not_admitted(reply, prepared, lane_share)
     tc, checked, task_id, now = prepared.tc, prepared.checked, prepared.task_id, prepared.now
-    if isinstance(reply, admit.Duplicate):
-        return DispatchResult(True, reply.task_id, tc.lane, checked.priority, duplicate=True,
-                              store_result=tc.store_result)
-    if isinstance(reply, admit.Conflict):
-        return _rejected(
-            tc.name, tc.lane, "idempotency_conflict",
-            f"idempotency key {checked.idempotency_key!r} was used by task {reply.task_id} with another payload",
-        )
-    if isinstance(reply, admit.Rejected):
-        reason = reply.reason
-        detail = {
-            "lane_closed": f"lane '{tc.lane}' is not accepting tasks",
-            "lane_full": f"lane '{tc.lane}' holds {reply.depth} tasks, its capacity",
-            "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
-        }.get(reason, reason)
-        if reason == "caller_quota":
-            detail = (f"this caller already holds its share of lane '{tc.lane}': {lane_share}% of the lane's "
-                      "capacity in tasks not started yet; retry when some have started")
-        return _rejected(tc.name, tc.lane, reason, detail)
-    if not isinstance(reply, admit.Admitted):
-        raise TypeError(f"interpret: no result for {reply!r}")
     position, inputs = reply.position, reply.estimate
     limit = None
     if reply.waits_on:  # a limit did not admit it yet: its turn there bounds the wait
@@ -392,3 +373,28 @@ def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | 
         cancelling.settle_replaced(reply.replaced, reply.replaced_chat, dedupe_rules.replaced_detail(task_id),
                                    tc.name, tc.lane)
     return result
+
+
+def _not_admitted(reply: admit.Reply, prepared: Prepared, lane_share: int) -> DispatchResult:
+    """``interpret`` of a reply other than ``Admitted``: a duplicate, a conflict or a rejection."""
+    tc, checked = prepared.tc, prepared.checked
+    if isinstance(reply, admit.Duplicate):
+        return DispatchResult(True, reply.task_id, tc.lane, checked.priority, duplicate=True,
+                              store_result=tc.store_result)
+    if isinstance(reply, admit.Conflict):
+        return _rejected(
+            tc.name, tc.lane, "idempotency_conflict",
+            f"idempotency key {checked.idempotency_key!r} was used by task {reply.task_id} with another payload",
+        )
+    if isinstance(reply, admit.Rejected):
+        reason = reply.reason
+        detail = {
+            "lane_closed": f"lane '{tc.lane}' is not accepting tasks",
+            "lane_full": f"lane '{tc.lane}' holds {reply.depth} tasks, its capacity",
+            "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
+        }.get(reason, reason)
+        if reason == "caller_quota":
+            detail = (f"this caller already holds its share of lane '{tc.lane}': {lane_share}% of the lane's "
+                      "capacity in tasks not started yet; retry when some have started")
+        return _rejected(tc.name, tc.lane, reason, detail)
+    raise TypeError(f"interpret: no result for {reply!r}")
