@@ -16,6 +16,8 @@ reads ``INFO`` (one command a dispatch, only near the limit).
 Other processes' admissions are seen at the next read, so a flood from P
 processes overshoots by at most P - 1 processes' second of dispatch: the
 margin is sized for that. Without ``maxmemory`` (0) nothing is refused.
+``DISPATCH_MEMORY_HIGH`` and ``DISPATCH_MEMORY_CHECK_S`` are read with each
+``INFO`` (a change is seen at the next read, or at once after ``forget``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ class _Reading:
     read: int = 0  # used_memory then
     maxmemory: int = 0
     busy: bool = False  # a thread is reading INFO now
+    #: ``DISPATCH_MEMORY_HIGH`` and ``DISPATCH_MEMORY_CHECK_S``, read with each INFO (None: not read yet).
+    high: float | None = None
+    check_s: float = 0.0
 
 
 #: Within this share of ``maxmemory`` below the limit, every check reads ``INFO memory`` (one command a call).
@@ -62,6 +67,9 @@ def _refresh(now: float) -> None:
             return
         _reading.busy = True
     info = None
+    # The settings are read with INFO, not per call: a read of django.conf.settings is Python code run
+    # for every attribute (about 5K instructions each, two were a twentieth of a lone dispatch's CPU).
+    high, check_s = settings.DISPATCH_MEMORY_HIGH, settings.DISPATCH_MEMORY_CHECK_S
     try:
         info = get_redis().info("memory")
     except redis.RedisError:
@@ -70,6 +78,7 @@ def _refresh(now: float) -> None:
         with _lock:
             _reading.busy = False
             _reading.at = max(_reading.at, now)
+            _reading.high, _reading.check_s = high, check_s
             if info is not None:
                 _reading.maxmemory = int(info.get("maxmemory", 0))
                 _reading.used = _reading.read = int(info["used_memory"])
@@ -88,10 +97,14 @@ def refusal(items: int = 1, now: float | None = None) -> str | None:
     Redis and answers ``unavailable`` if it is away).
     """
     now = time.monotonic() if now is None else now
-    high = settings.DISPATCH_MEMORY_HIGH
-    if now - _reading.at >= settings.DISPATCH_MEMORY_CHECK_S:
+    if now - _reading.at >= _reading.check_s or _reading.high is None:
         _refresh(now)
+    if not _reading.maxmemory:  # no maxmemory (or none known yet): nothing to refuse, no lock to take
+        return None
     with _lock:
+        high = _reading.high
+        if high is None:  # another thread is making the first read: nothing is known yet, so admit
+            return None
         limit, estimate = _estimate(items, high)
         if limit is None:
             return None
@@ -116,3 +129,4 @@ def forget() -> None:
     """Drop the cached reading (tests; a process that changed ``maxmemory``)."""
     with _lock:
         _reading.at, _reading.used, _reading.read, _reading.maxmemory = float("-inf"), 0, 0, 0
+        _reading.high = None

@@ -175,21 +175,23 @@ def script_chunk(snap: config.Snapshot, tc: config.TypeConf, context: ChunkConte
     ``lane_share``: the percentage of the lane's capacity one token's tasks may hold (``caller_quota``)."""
     lane = snap.lanes.get(tc.lane)
     capacity = lane.capacity if lane else 0
+    # Positional, as admit.Chunk's fields go: a NamedTuple's __new__ matches keywords by name, one by one.
     return admit.Chunk(
-        version=snap.version, now=context.now, lane=tc.lane, task_type=tc.name,
-        accepting=lane is None or lane.accepting, capacity=capacity,
-        chat_queue_size=tc.chat_queue_size, idempotency_window_s=tc.idempotency_window_s,
-        queued_lease_ms=context.queued_lease_ms, replace_idempotency=replace_idempotency,
-        caller_quota=owners.lane_quota(capacity, lane_share),
-        **(_dedupe_args(tc) if tc.dedupe != "key" else {}),
+        snap.version, context.now, tc.lane, tc.name, lane is None or lane.accepting, capacity, tc.chat_queue_size,
+        tc.idempotency_window_s, context.queued_lease_ms, replace_idempotency,
+        *(_dedupe_args(tc) if tc.dedupe != "key" else _PLAIN_DEDUPE), owners.lane_quota(capacity, lane_share),
     )
 
 
-def _dedupe_args(tc: config.TypeConf) -> dict[str, Any]:
-    """A throttled or debounced type's chunk arguments: its mode and window, and what a replacement's cancel
-    needs (as ``tasks.cancel`` gives cancel.lua)."""
-    return {"dedupe": tc.dedupe, "dedupe_window_ms": int(tc.dedupe_window_s * 1000),
-            "tombstone_ttl_s": cancelling.tombstone_ttl_s(), "settle_lease_ms": int(settings.DISPATCH_LEASE_S * 1000)}
+#: admit.Chunk's dedupe fields (dedupe, dedupe_window_ms, tombstone_ttl_s, settle_lease_ms) for a plain type.
+_PLAIN_DEDUPE = ("key", 0, 0, 0)
+
+
+def _dedupe_args(tc: config.TypeConf) -> tuple[str, int, int, int]:
+    """A throttled or debounced type's chunk fields (as ``_PLAIN_DEDUPE``): its mode and window, and what a
+    replacement's cancel needs (as ``tasks.cancel`` gives cancel.lua)."""
+    return (tc.dedupe, int(tc.dedupe_window_s * 1000), cancelling.tombstone_ttl_s(),
+            int(settings.DISPATCH_LEASE_S * 1000))
 
 
 def prepare(
@@ -340,28 +342,9 @@ def unavailable(exc: redis.RedisError, task_id: str | None) -> DispatchResult:
 def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | None = None,
               lane_share: int = owners.WHOLE_LANE_PCT) -> DispatchResult:
     """The ``DispatchResult`` admit.lua's ``reply`` (not ``Stale``) means for ``prepared``."""
+    if not isinstance(reply, admit.Admitted):  # the common reply first: one check, not four
+        return _not_admitted(reply, prepared, lane_share)
     tc, checked, task_id, now = prepared.tc, prepared.checked, prepared.task_id, prepared.now
-    if isinstance(reply, admit.Duplicate):
-        return DispatchResult(True, reply.task_id, tc.lane, checked.priority, duplicate=True,
-                              store_result=tc.store_result)
-    if isinstance(reply, admit.Conflict):
-        return _rejected(
-            tc.name, tc.lane, "idempotency_conflict",
-            f"idempotency key {checked.idempotency_key!r} was used by task {reply.task_id} with another payload",
-        )
-    if isinstance(reply, admit.Rejected):
-        reason = reply.reason
-        detail = {
-            "lane_closed": f"lane '{tc.lane}' is not accepting tasks",
-            "lane_full": f"lane '{tc.lane}' holds {reply.depth} tasks, its capacity",
-            "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
-        }.get(reason, reason)
-        if reason == "caller_quota":
-            detail = (f"this caller already holds its share of lane '{tc.lane}': {lane_share}% of the lane's "
-                      "capacity in tasks not started yet; retry when some have started")
-        return _rejected(tc.name, tc.lane, reason, detail)
-    if not isinstance(reply, admit.Admitted):
-        raise TypeError(f"interpret: no result for {reply!r}")
     position, inputs = reply.position, reply.estimate
     limit = None
     if reply.waits_on:  # a limit did not admit it yet: its turn there bounds the wait
@@ -390,3 +373,28 @@ def interpret(reply: admit.Reply, prepared: Prepared, limits: dict[str, dict] | 
         cancelling.settle_replaced(reply.replaced, reply.replaced_chat, dedupe_rules.replaced_detail(task_id),
                                    tc.name, tc.lane)
     return result
+
+
+def _not_admitted(reply: admit.Reply, prepared: Prepared, lane_share: int) -> DispatchResult:
+    """``interpret`` of a reply other than ``Admitted``: a duplicate, a conflict or a rejection."""
+    tc, checked = prepared.tc, prepared.checked
+    if isinstance(reply, admit.Duplicate):
+        return DispatchResult(True, reply.task_id, tc.lane, checked.priority, duplicate=True,
+                              store_result=tc.store_result)
+    if isinstance(reply, admit.Conflict):
+        return _rejected(
+            tc.name, tc.lane, "idempotency_conflict",
+            f"idempotency key {checked.idempotency_key!r} was used by task {reply.task_id} with another payload",
+        )
+    if isinstance(reply, admit.Rejected):
+        reason = reply.reason
+        detail = {
+            "lane_closed": f"lane '{tc.lane}' is not accepting tasks",
+            "lane_full": f"lane '{tc.lane}' holds {reply.depth} tasks, its capacity",
+            "chat_queue_full": f"chat {checked.chat_id!r} already has {tc.chat_queue_size} queued messages",
+        }.get(reason, reason)
+        if reason == "caller_quota":
+            detail = (f"this caller already holds its share of lane '{tc.lane}': {lane_share}% of the lane's "
+                      "capacity in tasks not started yet; retry when some have started")
+        return _rejected(tc.name, tc.lane, reason, detail)
+    raise TypeError(f"interpret: no result for {reply!r}")

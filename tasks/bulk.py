@@ -155,8 +155,10 @@ def _admit_now(entries: list[Waiting]) -> None:
     for group in _by_kind(entries):
         results: list[DispatchResult | None] = [None] * len(group)
         first = group[0]
+        queue = (deque(((0, first.payload, first.options, first.task_id),)) if len(group) == 1 else  # no generator
+                 deque((i, e.payload, e.options, e.task_id) for i, e in enumerate(group)))
         Admission(first.task_type, snap, results, replace_idempotency=first.replace,
-                  lane_share=first.share).run(deque((i, e.payload, e.options, e.task_id) for i, e in enumerate(group)))
+                  lane_share=first.share).run(queue)
         for entry, result in zip(group, results, strict=True):
             entry.result = result
 
@@ -394,7 +396,8 @@ class Admission:
                             self._requeue(stale, queue)
                             continue
                     if prepared:
-                        calls.send(script_chunk, [p.item for _, p in prepared])  # type: ignore[arg-type]
+                        items = [prepared[0][1].item] if len(prepared) == 1 else [p.item for _, p in prepared]
+                        calls.send(script_chunk, items)  # type: ignore[arg-type]
                         sent.append(prepared)
                         chunks += 1
                 # Chunks wait in Redis (up to IN_FLIGHT) while the next is prepared; past that, or at the end, read.

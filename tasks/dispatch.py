@@ -58,11 +58,27 @@ def admit(
     ``_lane_share`` (the HTTP API's, per token): the percentage of the lane's capacity
     that tasks marked with the caller's id may hold; past it, ``caller_quota``.
     """
-    options: dict[str, Any] = {
-        "chat_id": chat_id, "priority": priority, "idempotency_key": idempotency_key, "timeout": timeout,
-        "metadata": metadata, "limit_key": limit_key, "countdown": countdown, "eta": eta,
-        "retry_policy": retry_policy,
-    }
+    # Only the options given: ``prepare`` defaults each to None, and a plain call then passes none of
+    # nine keywords through ``prepare(**options)`` (matched by name one by one, with the dict built first).
+    options: dict[str, Any] = {}
+    if chat_id is not None:
+        options["chat_id"] = chat_id
+    if priority is not None:
+        options["priority"] = priority
+    if idempotency_key is not None:
+        options["idempotency_key"] = idempotency_key
+    if timeout is not None:
+        options["timeout"] = timeout
+    if metadata is not None:
+        options["metadata"] = metadata
+    if limit_key is not None:
+        options["limit_key"] = limit_key
+    if countdown is not None:
+        options["countdown"] = countdown
+    if eta is not None:
+        options["eta"] = eta
+    if retry_policy is not None:
+        options["retry_policy"] = retry_policy
     if dedupe_key is not None:
         options["dedupe_key"] = dedupe_key
     return admit_one(task_type, payload, options, task_id=_task_id or new_task_ids(1)[0],
