@@ -453,7 +453,7 @@ def bulk_strings(values: Sequence[Any]) -> str:
     return "".join(out)
 
 
-def _pack(conn: Any, call: Packed | tuple[Sequence[Any], Sequence[Any]], sha: str, load: str | bytes | None
+def _pack(conn: Any, call: Packed | tuple[Sequence[Any], Sequence[Any]], sha: str, load: str | bytes | memoryview | None
           ) -> list[bytes]:
     """The call's ``EVALSHA`` (``SCRIPT LOAD`` of ``load`` ahead, unless None) in Redis' protocol, as one buffer; a
     ``Packed`` call's head written as text (hiredis, or redis-py without it, packs the rest: redis-py's packing
