@@ -326,6 +326,27 @@ def deliveries(sink, run_prefixes: list[str]) -> list[Delivery]:
     return out
 
 
+def _settle(cluster: FaultCluster, lanes: list[str], settle: float) -> None:
+    """Give late redeliveries ``settle`` s to show, or less once Redis holds nothing that could deliver.
+
+    Tasks ack late, so a message a worker holds or runs stays in ``unacked`` and keeps its lease:
+    with no queued, delayed, unacked or leased message left, nothing can be redelivered. Redis must
+    stay empty over two polls ``SETTLE_POLL_S`` apart (a message between a worker's BRPOP and its
+    unacked entry is gone from the queue for an instant); while anything is held the full ``settle``
+    is paid, as before.
+    """
+    end = time.time() + settle
+    quiet = 0
+    while time.time() < end:
+        quiet = quiet + 1 if not cluster.residue(lanes) else 0
+        if quiet >= 2:
+            return
+        time.sleep(min(SETTLE_POLL_S, max(0.0, end - time.time())))
+
+
+SETTLE_POLL_S = 0.25
+
+
 def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, drain_bound: float,
                     lanes: list[str], settle: float = 2.0, residue_wait: float = 20.0) -> Report:
     """Wait until every accepted message is applied or dead (within ``drain_bound`` s of the load's
@@ -359,7 +380,7 @@ def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: st
     residue_deadline = time.time() + residue_wait
     while cluster.residue(lanes) and time.time() < residue_deadline:
         time.sleep(0.5)
-    time.sleep(settle)
+    _settle(cluster, lanes, settle)
     dead = dead_letters(cluster.types)
     seen = deliveries(sink, runs)
     report = check(ops, seen, dead, scenario=scenario, held=cluster.held(ops))
