@@ -14,7 +14,7 @@ from django.test import override_settings
 from lanes import keys
 from lanes.messages import listed_message
 from tasks.dispatch import dispatch
-from tests.support.helpers import define, lane_depth, unique, wait_until
+from tests.support.helpers import define, lane_depth, unique, wait_for_redelivery_room, wait_until
 
 
 def chat_keys(rc, chats: list[str]) -> list[bytes]:
@@ -245,7 +245,7 @@ def test_duplicate_delivery_of_a_finished_task_is_dropped_and_acked(start_worker
     wait_until(lambda: lane_depth(rc, lane) == 0, timeout=20, what="duplicate consumed")
     row = wait_until(lambda: TaskResult.objects.filter(task_id=result.task_id).first(), what="result re-stored")
     assert row.status == "SUCCESS" and json.loads(row.result) == {"status": 200}
-    time.sleep(1.0)
+    wait_for_redelivery_room(rc, lane, 1.0, (keys.task_record(result.task_id),))
     assert len(sink.sink.attempts) == 1  # not run twice
     assert rc.hlen("unacked") == 0  # and acknowledged, not left for redelivery
 
