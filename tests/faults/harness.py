@@ -329,11 +329,11 @@ def deliveries(sink, run_prefixes: list[str]) -> list[Delivery]:
 def _settle(cluster: FaultCluster, lanes: list[str], settle: float) -> None:
     """Give late redeliveries ``settle`` s to show, or less once Redis holds nothing that could deliver.
 
-    Tasks ack late, so a message a worker holds or runs stays in ``unacked`` and keeps its lease:
-    with no queued, delayed, unacked or leased message left, nothing can be redelivered. Redis must
-    stay empty over two polls ``SETTLE_POLL_S`` apart (a message between a worker's BRPOP and its
-    unacked entry is gone from the queue for an instant); while anything is held the full ``settle``
-    is paid, as before.
+    A task's record carries its message under a lease from the dispatch until its result row is
+    stored (``lanes/transport.py``): a copy a worker holds in memory runs only if its claim finds the
+    record. With no lease left (no live record), no queued or delayed message and nothing in kombu's
+    unacked hash (Celery's own tasks), no copy can run again. Redis must stay so over two polls
+    ``SETTLE_POLL_S`` apart; while anything is held the full ``settle`` is paid, as before.
     """
     end = time.time() + settle
     quiet = 0

@@ -54,8 +54,8 @@ def lane_depth(client, lane: str) -> int:
 
 
 def lane_holds_nothing(client, lane: str, records: tuple[str, ...] = ()) -> bool:
-    """Nothing in Redis could still deliver a message of ``lane``: no queued, delayed or unacked
-    message routed to it, and none of ``records`` (task records) left to claim."""
+    """Nothing in Redis could still deliver a message of ``lane``: no queued or delayed message, none
+    in kombu's unacked hash routed to it, and none of ``records`` (task records) left to claim."""
     import json
 
     from lanes import keys
@@ -68,9 +68,10 @@ def lane_holds_nothing(client, lane: str, records: tuple[str, ...] = ()) -> bool
 def wait_for_redelivery_room(client, lane: str, most_s: float, records: tuple[str, ...] = ()) -> None:
     """Give a wrong redelivery on ``lane`` up to ``most_s`` s to show, less once nothing could deliver one.
 
-    Tasks ack late: a message a worker holds or runs stays in ``unacked`` until it is done. Redis
-    must hold nothing for the lane over two polls 0.25 s apart (a message between a worker's BRPOP
-    and its unacked entry is out of every list for an instant).
+    A task's record carries its message under a lease until its result row is stored
+    (``lanes/transport.py``): a copy a worker holds in memory runs only if its claim finds the
+    record, so ``records`` must name the tasks a redelivery would be of. Redis must hold nothing
+    over two polls 0.25 s apart.
     """
     end = time.monotonic() + most_s
     quiet = 0
