@@ -23,6 +23,10 @@ WORKER_LEASE_S = 2
 WORKER_ENV = {"DISPATCH_LEASE_S": str(WORKER_LEASE_S)}
 #: Longer than the workers' lease and visibility timeout.
 COUNTDOWN_S = WORKER_LEASE_S + 4
+#: One lane each for the tests that share a worker with the suite's lease (``shared_worker``); the
+#: others start their own, with the short lease, or to kill it.
+SHARED_LANES = {key: unique(f"sw-{key}") for key in ("chat", "policy")}
+SHARED_WORKER = {"pool": "threads", "concurrency": 4}
 
 
 def http_type(sink, lane: str, **fields) -> str:
@@ -90,10 +94,9 @@ def test_a_countdown_survives_a_worker_restart_and_a_redis_restart_from_the_aof(
     assert_ran_once_when_due(sink, rc, key, sent, lane, task_id)
 
 
-def test_a_scheduled_chat_message_holds_the_later_ones_behind_it(start_worker, sink, rc):
-    lane = unique("sw")
+def test_a_scheduled_chat_message_holds_the_later_ones_behind_it(shared_worker, sink, rc):
+    lane = SHARED_LANES["chat"]
     name = http_type(sink, lane, chat_scoped=True)
-    start_worker(lane, pool="threads", concurrency=4)
     chat = unique("c")
     sent = time.time()
     results = [
@@ -114,12 +117,11 @@ def test_a_scheduled_chat_message_holds_the_later_ones_behind_it(start_worker, s
     assert not rc.exists(keys.chat_queue(chat), keys.lane_chat_waiting(lane), keys.lane_delayed(lane))
 
 
-def test_a_named_retry_policy_sets_the_attempts(start_worker, sink, rc):
-    lane = unique("sw")
+def test_a_named_retry_policy_sets_the_attempts(shared_worker, sink, rc):
+    lane = SHARED_LANES["policy"]
     name = http_type(sink, lane, policy={"max_retries": 2, "initial_backoff": 0.1, "max_backoff": 0.2})
     RetryPolicy.objects.update_or_create(name="one-shot-w", defaults={"max_retries": 0, "initial_backoff": 0.1,
                                                                      "max_backoff": 0.1})
-    start_worker(lane, pool="threads", concurrency=2)
     own_key, once_key = unique("own"), unique("once")
     own = admit(name, {"sink_status": 500}, idempotency_key=own_key)
     once = admit(name, {"sink_status": 500}, idempotency_key=once_key, retry_policy="one-shot-w")
