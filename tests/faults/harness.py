@@ -326,6 +326,27 @@ def deliveries(sink, run_prefixes: list[str]) -> list[Delivery]:
     return out
 
 
+def _settle(cluster: FaultCluster, lanes: list[str], settle: float) -> None:
+    """Give late redeliveries ``settle`` s to show, or less once Redis holds nothing that could deliver.
+
+    A task's record carries its message under a lease from the dispatch until its result row is
+    stored (``lanes/transport.py``): a copy a worker holds in memory runs only if its claim finds the
+    record. With no lease left (no live record), no queued or delayed message and nothing in kombu's
+    unacked hash (Celery's own tasks), no copy can run again. Redis must stay so over two polls
+    ``SETTLE_POLL_S`` apart; while anything is held the full ``settle`` is paid, as before.
+    """
+    end = time.time() + settle
+    quiet = 0
+    while time.time() < end:
+        quiet = quiet + 1 if not cluster.residue(lanes) else 0
+        if quiet >= 2:
+            return
+        time.sleep(min(SETTLE_POLL_S, max(0.0, end - time.time())))
+
+
+SETTLE_POLL_S = 0.25
+
+
 def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: str, drain_bound: float,
                     lanes: list[str], settle: float = 2.0, residue_wait: float = 20.0) -> Report:
     """Wait until every accepted message is applied or dead (within ``drain_bound`` s of the load's
@@ -359,7 +380,7 @@ def drain_and_check(cluster: FaultCluster, loads: list[LoadRun], *, scenario: st
     residue_deadline = time.time() + residue_wait
     while cluster.residue(lanes) and time.time() < residue_deadline:
         time.sleep(0.5)
-    time.sleep(settle)
+    _settle(cluster, lanes, settle)
     dead = dead_letters(cluster.types)
     seen = deliveries(sink, runs)
     report = check(ops, seen, dead, scenario=scenario, held=cluster.held(ops))

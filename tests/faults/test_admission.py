@@ -44,18 +44,21 @@ def test_07_fifty_concurrent_dispatches_with_one_idempotency_key(cluster_factory
     run = unique("r")
     n, processes = 50, pick(5, 10)
 
+    # Both races (one payload; two payloads) on their own keys and chats, from one set of
+    # processes released together: each key still meets its 50 racers at once.
     same = f"{run}:chat-a:0"
-    answers = _race(cluster, [{"type": name, "payload": {"seq": 0, "run": run}, "key": same, "chat": "chat-a"}] * n,
-                    processes)
+    conflict_key = f"{run}:chat-b:0"
+    identical = [{"type": name, "payload": {"seq": 0, "run": run}, "key": same, "chat": "chat-a"}] * n
+    mixed = [{"type": name, "payload": {"seq": 0, "run": run, "v": i % 2}, "key": conflict_key, "chat": "chat-b"}
+             for i in range(n)]
+    both = _race(cluster, [c for pair in zip(identical, mixed, strict=True) for c in pair], processes)
+    answers = [a for a in both if a["key"] == same]
+    answers2 = [a for a in both if a["key"] == conflict_key]
     spread = max(a["t"] for a in answers) - min(a["t"] for a in answers)
     assert len(answers) == n and all(a["accepted"] for a in answers), answers
     assert len({a["task_id"] for a in answers}) == 1  # one task
     assert sum(not a["duplicate"] for a in answers) == 1  # created once; 49 were told it was a duplicate
 
-    conflict_key = f"{run}:chat-b:0"
-    mixed = [{"type": name, "payload": {"seq": 0, "run": run, "v": i % 2}, "key": conflict_key, "chat": "chat-b"}
-             for i in range(n)]
-    answers2 = _race(cluster, mixed, processes)
     winners = [a for a in answers2 if a["accepted"]]
     losers = [a for a in answers2 if not a["accepted"]]
     assert len({a["task_id"] for a in winners}) == 1 and len({json.dumps(a["payload"]) for a in winners}) == 1

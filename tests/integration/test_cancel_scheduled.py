@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from django_celery_results.models import TaskResult
 
 from lanes import keys
 from tasks.dispatch import dispatch
-from tests.support.helpers import define, lane_depth, unique, wait_until
+from tests.support.helpers import define, lane_depth, unique, wait_for_redelivery_room, wait_until
 
 
 def test_a_scheduled_task_and_a_scheduled_message_behind_its_head_are_cancelled(rc):
@@ -44,5 +42,5 @@ def test_a_cancelled_scheduled_task_never_reaches_the_sink(start_worker, sink, r
     kept = dispatch.delay(name, {"n": 1}, countdown=2)
     assert soon.cancel().outcome == "cancelled"
     wait_until(lambda: sink.sink.applied.get(kept.task_id), timeout=30, what="the kept one run when due")
-    time.sleep(1.0)
+    wait_for_redelivery_room(rc, lane, 1.0, (keys.task_record(soon.task_id), keys.task_record(kept.task_id)))
     assert not sink.sink.attempts_for(soon.task_id)

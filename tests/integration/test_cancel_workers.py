@@ -17,7 +17,7 @@ from django_celery_results.models import TaskResult
 from lanes import keys
 from tasks.dispatch import dispatch
 from tasks.models import DeadLetter
-from tests.support.helpers import define, unique, wait_until
+from tests.support.helpers import define, unique, wait_for_redelivery_room, wait_until
 from tools.loadcheck import Delivery, Op, check
 
 
@@ -51,7 +51,9 @@ def test_queued_head_middle_retry_waiting_and_running_cancels(start_worker, sink
     # Everything not cancelled runs, in its chat's order.
     wait_until(lambda: all(sink.sink.applied.get(t) for t in (c[1], c[2], a[1], a[3], b[1])), timeout=60,
                what="the uncancelled messages applied")
-    time.sleep(1.0)  # room for anything that should not happen to show at the sink
+    # Room for anything that should not happen to show at the sink, until Redis holds nothing that could.
+    wait_for_redelivery_room(rc, lane, 1.0, tuple(keys.task_record(t, chat)
+                                                 for chat, ids in ((chat_a, a), (chat_b, b), (chat_c, c)) for t in ids))
     assert not sink.sink.attempts_for(c[0]) and not sink.sink.attempts_for(a[2])
     assert len(sink.sink.attempts_for(a[0])) == 1  # told while running: never retried
     assert len(sink.sink.attempts_for(b[0])) == 1  # cancelled while waiting for its retry
@@ -67,7 +69,10 @@ def test_queued_head_middle_retry_waiting_and_running_cancels(start_worker, sink
     # Nothing left behind: no chat keys, no waiting counts, no record.
     wait_until(lambda: not list(rc.scan_iter(f"dispatch:chat:{{{chat_a}}}*")), timeout=10, what="chat A's keys gone")
     assert not rc.exists(keys.lane_chat_waiting(lane), keys.lane_delayed(lane))
-    assert int(rc.hget(keys.METRICS_TOTAL, f"cancelled|{lane}|{name}") or 0) == 4
+    # The processes' in-memory counters reach Redis within a beat.
+    cancelled = wait_until(lambda: (n := int(rc.hget(keys.METRICS_TOTAL, f"cancelled|{lane}|{name}") or 0)) >= 4
+                           and n, timeout=10, what="four cancels counted")
+    assert cancelled == 4
 
 
 def _in_flight(sink, chat: str) -> bool:
@@ -135,7 +140,7 @@ def test_fifty_concurrent_cancels_and_dispatches_on_one_chat_keep_the_invariants
         return all(op.task_id in ended for op in ops)
 
     wait_until(settled, timeout=90, what="every message applied or cancelled")
-    time.sleep(1.0)
+    wait_for_redelivery_room(rc, lane, 1.0, tuple(keys.task_record(op.task_id, op.chat) for op in ops if op.accepted))
     revoked = set(TaskResult.objects.filter(task_id__in=[op.task_id for op in ops], status="REVOKED")
                   .values_list("task_id", flat=True))
     with sink.sink.lock:

@@ -14,7 +14,7 @@ from django.test import override_settings
 from lanes import keys
 from lanes.messages import listed_message
 from tasks.dispatch import dispatch
-from tests.support.helpers import define, lane_depth, unique, wait_until
+from tests.support.helpers import define, lane_depth, unique, wait_for_redelivery_room, wait_until
 
 
 def chat_keys(rc, chats: list[str]) -> list[bytes]:
@@ -226,9 +226,8 @@ def test_priorities_high_first_then_fifo(start_worker, sink, rc):
 def test_duplicate_delivery_of_a_finished_task_is_dropped_and_acked(start_worker, rc, sink):
     name, lane = unique("dupdeliv"), unique("l-dup")
     define(name, handler="http.post", lane=lane, options={"url": sink.url})
-    worker = start_worker(lane, concurrency=1)
-    # Capture the published message before the worker takes it: dispatch with no consumer first.
-    worker.stop()
+    # Capture the published message before a worker takes it: dispatch with no consumer first
+    # (the dispatch pushes onto the lane's list whether or not a worker serves it).
     result = dispatch.delay(name, {"x": 1})
     queue = keys.lane_queue(lane, 4)
     item = rc.lrange(queue, 0, -1)[0]  # the list names the record
@@ -245,7 +244,7 @@ def test_duplicate_delivery_of_a_finished_task_is_dropped_and_acked(start_worker
     wait_until(lambda: lane_depth(rc, lane) == 0, timeout=20, what="duplicate consumed")
     row = wait_until(lambda: TaskResult.objects.filter(task_id=result.task_id).first(), what="result re-stored")
     assert row.status == "SUCCESS" and json.loads(row.result) == {"status": 200}
-    time.sleep(1.0)
+    wait_for_redelivery_room(rc, lane, 1.0, (keys.task_record(result.task_id),))
     assert len(sink.sink.attempts) == 1  # not run twice
     assert rc.hlen("unacked") == 0  # and acknowledged, not left for redelivery
 

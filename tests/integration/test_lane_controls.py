@@ -45,13 +45,14 @@ def test_paused_lane_keeps_its_tasks_until_resumed(rc, start_worker):
     assert outcome.workers == [f"{worker.name}@{_hostname()}"]
     assert _consumers(lane, [worker, bystander]) == []
     results = [dispatch.delay(name, {"i": i}) for i in range(5)]
+    dispatched_at = time.monotonic()
     assert all(r.accepted for r in results)
-    time.sleep(2.0)  # a consuming worker would have taken them by now
-    assert lane_depth(rc, lane) == 5 and _started(rc, lane, name) == 1
 
     # A worker started during the pause skips the lane too, and is resumed with the others.
+    # Its start overlaps the first wait: 2 s after the dispatch a consuming worker would have taken
+    # them, 1.5 s after its start the late one would have (neither count can go back up).
     late = start_worker(lane, concurrency=1)
-    time.sleep(1.5)
+    time.sleep(max(0.0, dispatched_at + 2.0 - time.monotonic(), 1.5))
     assert lane_depth(rc, lane) == 5 and _started(rc, lane, name) == 1
     assert "lane_paused_at_start" in late.log_text()
 

@@ -17,7 +17,7 @@ from lanes import keys
 from tasks.dispatch import dispatch
 from tasks.models import DeadLetter
 from tasks.retry import Backoff, delay_bounds_s
-from tests.support.helpers import define, lane_depth, unique, wait_until
+from tests.support.helpers import define, lane_depth, unique, wait_for_redelivery_room, wait_until
 
 #: One lane each for the tests that share a worker (``shared_worker``): the others start their own,
 #: to kill it, give it other settings or start it only after their tasks waited.
@@ -127,7 +127,7 @@ def test_deadletters_command_lists_requeues_and_discards(shared_worker):
     assert not DeadLetter.objects.filter(pk__in=[r.pk for r in rows]).exists()
 
 
-def test_retry_delay_longer_than_visibility_timeout_runs_exactly_once_more(start_worker, sink):
+def test_retry_delay_longer_than_visibility_timeout_runs_exactly_once_more(start_worker, sink, rc):
     name, lane = unique("longretry"), unique("l-longretry")
     define(name, handler="http.post", lane=lane, options={"url": sink.url},
            policy={"max_retries": 3, "initial_backoff": 4.0, "multiplier": 1.0, "max_backoff": 4.0, "jitter": 0.0})
@@ -136,7 +136,8 @@ def test_retry_delay_longer_than_visibility_timeout_runs_exactly_once_more(start
     start_worker(lane, concurrency=1, env={"DISPATCH_LEASE_S": "2"})
     result = dispatch.delay(name, {"x": 1})
     assert result.get(timeout=40) == {"status": 200}
-    time.sleep(4)  # room for any wrong redelivery to show up: two visibility timeouts
+    # Room for any wrong redelivery to show up (two visibility timeouts), until nothing could bring one.
+    wait_for_redelivery_room(rc, lane, 4.0, (keys.task_record(result.task_id),))
     assert [a.status for a in sink.sink.attempts] == [500, 200]
     gap = sink.sink.attempts[1].at - sink.sink.attempts[0].at
     assert gap >= 4.0

@@ -186,13 +186,14 @@ def test_beat_sends_no_maintenance_message_and_still_expires_waiting_tasks(tmp_r
             cwd=ROOT, env=dict(os.environ), stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_until(lambda: b"beat: Starting" in log.read_bytes(), timeout=60, what="beat started")
-        time.sleep(5.0)  # past two of the old 2 s periods
+        beat_at = time.monotonic()
+        row = dead_letter(result.task_id, timeout=30)  # within the watch below, not after it
+        assert row.reason == "expired"
+        time.sleep(max(0.0, beat_at + 5.0 - time.monotonic()))  # past two of the old 2 s periods
         assert beat.poll() is None, log.read_text(errors="replace")
         sent = [json.loads(m)["headers"]["task"]
                 for q in ingress for m in rc.lrange(q, 0, rc.llen(q) - before[q] - 1)]
         assert "tasks.maintenance" not in sent, sent
-        row = dead_letter(result.task_id, timeout=30)
-        assert row.reason == "expired"
     finally:
         beat.send_signal(signal.SIGTERM)
         try:

@@ -53,6 +53,35 @@ def lane_depth(client, lane: str) -> int:
     return sum(client.llen(k) for k in keys.lane_queues(lane))
 
 
+def lane_holds_nothing(client, lane: str, records: tuple[str, ...] = ()) -> bool:
+    """Nothing in Redis could still deliver a message of ``lane``: no queued or delayed message, none
+    in kombu's unacked hash routed to it, and none of ``records`` (task records) left to claim."""
+    import json
+
+    from lanes import keys
+
+    if lane_depth(client, lane) or client.zcard(keys.lane_delayed(lane)) or (records and client.exists(*records)):
+        return False
+    return not any(json.loads(v)[2] == lane for v in client.hvals("unacked"))
+
+
+def wait_for_redelivery_room(client, lane: str, most_s: float, records: tuple[str, ...] = ()) -> None:
+    """Give a wrong redelivery on ``lane`` up to ``most_s`` s to show, less once nothing could deliver one.
+
+    A task's record carries its message under a lease until its result row is stored
+    (``lanes/transport.py``): a copy a worker holds in memory runs only if its claim finds the
+    record, so ``records`` must name the tasks a redelivery would be of. Redis must hold nothing
+    over two polls 0.25 s apart.
+    """
+    end = time.monotonic() + most_s
+    quiet = 0
+    while time.monotonic() < end:
+        quiet = quiet + 1 if lane_holds_nothing(client, lane, records) else 0
+        if quiet >= 2:
+            return
+        time.sleep(min(0.25, max(0.0, end - time.monotonic())))
+
+
 def sweep_reaching(client, record: str, passes: int = 50) -> int:
     """Lease sweeps until ``record``'s expired lease was handled; returns what they republished.
 
