@@ -13,8 +13,20 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("lanes", "tasks", "api", "ops", "tools", "dispatchsite")
 
 
+def _parse(path: Path) -> ast.Module:
+    """``ast.parse``, again if CPython 3.11's AST builder, whose depth count is shared by threads, says
+    "recursion depth mismatch" (python/cpython#106905): a module compiled meanwhile by another thread (a fresh
+    clone's first import, no .pyc yet) can cause it; the source is not at fault."""
+    for _ in range(4):
+        try:
+            return ast.parse(path.read_text(), str(path))
+        except SystemError:
+            continue
+    return ast.parse(path.read_text(), str(path))
+
+
 def _modules() -> dict[str, ast.Module]:
-    return {str(path.relative_to(ROOT)): ast.parse(path.read_text(), str(path))
+    return {str(path.relative_to(ROOT)): _parse(path)
             for package in PRODUCT for path in sorted((ROOT / package).rglob("*.py"))}
 
 
