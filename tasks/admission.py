@@ -175,23 +175,21 @@ def script_chunk(snap: config.Snapshot, tc: config.TypeConf, context: ChunkConte
     ``lane_share``: the percentage of the lane's capacity one token's tasks may hold (``caller_quota``)."""
     lane = snap.lanes.get(tc.lane)
     capacity = lane.capacity if lane else 0
-    # Positional, as admit.Chunk's fields go: a NamedTuple's __new__ matches keywords by name, one by one.
     return admit.Chunk(
-        snap.version, context.now, tc.lane, tc.name, lane is None or lane.accepting, capacity, tc.chat_queue_size,
-        tc.idempotency_window_s, context.queued_lease_ms, replace_idempotency,
-        *(_dedupe_args(tc) if tc.dedupe != "key" else _PLAIN_DEDUPE), owners.lane_quota(capacity, lane_share),
+        version=snap.version, now=context.now, lane=tc.lane, task_type=tc.name,
+        accepting=lane is None or lane.accepting, capacity=capacity,
+        chat_queue_size=tc.chat_queue_size, idempotency_window_s=tc.idempotency_window_s,
+        queued_lease_ms=context.queued_lease_ms, replace_idempotency=replace_idempotency,
+        caller_quota=owners.lane_quota(capacity, lane_share),
+        **(_dedupe_args(tc) if tc.dedupe != "key" else {}),
     )
 
 
-#: admit.Chunk's dedupe fields (dedupe, dedupe_window_ms, tombstone_ttl_s, settle_lease_ms) for a plain type.
-_PLAIN_DEDUPE = ("key", 0, 0, 0)
-
-
-def _dedupe_args(tc: config.TypeConf) -> tuple[str, int, int, int]:
-    """A throttled or debounced type's chunk fields (as ``_PLAIN_DEDUPE``): its mode and window, and what a
-    replacement's cancel needs (as ``tasks.cancel`` gives cancel.lua)."""
-    return (tc.dedupe, int(tc.dedupe_window_s * 1000), cancelling.tombstone_ttl_s(),
-            int(settings.DISPATCH_LEASE_S * 1000))
+def _dedupe_args(tc: config.TypeConf) -> dict[str, Any]:
+    """A throttled or debounced type's chunk arguments: its mode and window, and what a replacement's cancel
+    needs (as ``tasks.cancel`` gives cancel.lua)."""
+    return {"dedupe": tc.dedupe, "dedupe_window_ms": int(tc.dedupe_window_s * 1000),
+            "tombstone_ttl_s": cancelling.tombstone_ttl_s(), "settle_lease_ms": int(settings.DISPATCH_LEASE_S * 1000)}
 
 
 def prepare(
