@@ -135,4 +135,6 @@ def test_the_unbatched_twin_keeps_the_row_an_earlier_attempt_wrote(supplier, mon
     monkeypatch.setattr(SmsMessage.objects, "filter", lambda **kw: real_filter(pk=-1) if "key" in kw else
                         real_filter(**kw))
     again = sms_demo.submit_one({"to": "+8613800000002", "channel": "ch0"}, _ctx(supplier.url, key))
+    monkeypatch.undo()
     assert again == first and SmsMessage.objects.filter(key=key).count() == 1
+    assert supplier.supplier.stats()["duplicates"] == 1  # it was sent again, and answered as a re-send
