@@ -178,7 +178,7 @@ def main() -> int:
                 redis_proc.kill()
 
 
-def worker_groups(environ: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
+def worker_groups(environ: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Each worker group's queues, pool, concurrency and instances: ``tasks.worker_groups`` (defined once there,
     where ``manage.py smsload`` reads the same shape), with the ``WORKER_*`` overrides of ``environ``."""
     from tasks.worker_groups import worker_groups as groups  # inner import: the project's path is set by main()

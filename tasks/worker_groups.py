@@ -1,7 +1,7 @@
 """The worker groups ``make run`` starts, defined once: ``scripts/run.py`` starts them, the measuring tools copy them.
 
 Sized for I/O-bound outbound work on a small machine (BENCHMARKS.md): one Celery
-main process costs about 0.5-0.7 ms of CPU per message whatever its pool, so
+main process costs about 0.4-0.7 ms of CPU per message whatever its pool, so
 throughput scales with worker *instances* (two: one a core); a thread pool keeps
 many 20 ms calls in flight per instance (16 threads x 2 instances x 20 ms: a
 ceiling of about 1,600 messages/s for the 1,000/s target). ``manage.py smsload``
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import json
 import os
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-DEFAULT_GROUPS: dict[str, dict[str, object]] = {
+DEFAULT_GROUPS: dict[str, dict[str, Any]] = {
     "realtime": {"queues": "realtime", "pool": "threads", "concurrency": 16, "instances": 2},
     # The default group also consumes every lane no other live worker holds (lanes
     # created at run time included: lanes.consumers), and Celery's own default queue
@@ -29,7 +29,7 @@ DEFAULT_GROUPS: dict[str, dict[str, object]] = {
 }
 
 
-def worker_groups(environ: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
+def worker_groups(environ: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Each group's queues, pool, concurrency and instances.
 
     Precedence: ``WORKER_<GROUP>_POOL`` / ``_CONCURRENCY`` / ``_INSTANCES``, then
