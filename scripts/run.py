@@ -7,7 +7,6 @@ Flower to honcho. Ctrl-C stops them all, then Redis.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -179,50 +178,12 @@ def main() -> int:
                 redis_proc.kill()
 
 
-#: Worker groups ``make run`` starts, sized for I/O-bound outbound work on a small machine
-#: (BENCHMARKS.md): one Celery main process costs about 1.6-2 ms of CPU
-#: per message whatever its pool, so throughput scales with worker *instances*; a thread
-#: pool keeps many 20 ms webhook calls in flight per instance. ``default`` also consumes
-#: Celery's default queue ``celery``, so a bare client's ``send_task("tasks.dispatch")``
-#: is served.
-DEFAULT_GROUPS: dict[str, dict[str, object]] = {
-    "realtime": {"queues": "realtime", "pool": "threads", "concurrency": 16, "instances": 2},
-    # The default group also consumes every lane no other live worker holds (lanes
-    # created at run time included: lanes.consumers), and Celery's own default queue
-    # `celery`, so a bare client's send_task("tasks.dispatch") is not stranded.
-    "default": {"queues": "default,ingress,celery", "pool": "threads", "concurrency": 8, "instances": 1,
-                "catch_all": True},
-    "bulk": {"queues": "bulk", "pool": "threads", "concurrency": 8, "instances": 1},
-}
+def worker_groups(environ: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    """Each worker group's queues, pool, concurrency and instances: ``tasks.worker_groups`` (defined once there,
+    where ``manage.py smsload`` reads the same shape), with the ``WORKER_*`` overrides of ``environ``."""
+    from tasks.worker_groups import worker_groups as groups  # inner import: the project's path is set by main()
 
-
-def worker_groups(environ: dict[str, str] | None = None) -> dict[str, dict[str, object]]:
-    """Each group's queues, pool, concurrency and instances.
-
-    Precedence: ``WORKER_<GROUP>_POOL`` / ``_CONCURRENCY`` / ``_INSTANCES``, then
-    ``WORKER_POOL`` / ``WORKER_CONCURRENCY`` for every group, then the group's
-    entry in ``WORKER_GROUPS`` (``{"name": "queues"}`` or ``{"name": {"queues": …,
-    "pool": …, "concurrency": …, "instances": …}}``), then :data:`DEFAULT_GROUPS`.
-    """
-    env = os.environ if environ is None else environ
-    raw = json.loads(env["WORKER_GROUPS"]) if env.get("WORKER_GROUPS") else DEFAULT_GROUPS
-    groups = {}
-    for name, spec in raw.items():
-        spec = {"queues": spec} if isinstance(spec, str) else dict(spec)
-        base = DEFAULT_GROUPS.get(name, DEFAULT_GROUPS["default"])
-        group = {key: spec.get(key, base[key]) for key in ("pool", "concurrency", "instances")}
-        group["queues"] = spec.get("queues") or base["queues"]
-        upper = name.upper().replace("-", "_")
-        for key in ("pool", "concurrency", "instances"):
-            override = env.get(f"WORKER_{upper}_{key.upper()}") or (
-                env.get(f"WORKER_{key.upper()}") if key != "instances" else None)
-            if override:
-                group[key] = override
-        group["concurrency"], group["instances"] = int(group["concurrency"]), max(1, int(group["instances"]))
-        inherited = base.get("catch_all", False) if name in DEFAULT_GROUPS else False
-        group["catch_all"] = bool(spec.get("catch_all", inherited))
-        groups[name] = group
-    return groups
+    return groups(environ)
 
 
 def banner(secrets_file: Path, web_port: int, flower_port: int) -> str:

@@ -1130,7 +1130,8 @@ def _process_tree(roots: list[int]) -> dict[str, list[int]]:
     return {"worker_main": list(roots), "worker_pool": children}
 
 
-def _ticks(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a process has used (s), from /proc; 0.0 once it is gone."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -1139,7 +1140,7 @@ def _ticks(pid: int) -> float:
 
 
 def _cpu(pids: dict[str, list[int]], redis_pid: int | None) -> dict[str, float]:
-    out = {name: sum(_ticks(p) for p in group) for name, group in pids.items()}
+    out = {name: sum(cpu_seconds(p) for p in group) for name, group in pids.items()}
     if redis_pid:
-        out["redis"] = _ticks(redis_pid)
+        out["redis"] = cpu_seconds(redis_pid)
     return out

@@ -77,7 +77,7 @@ MAX_WINDOW_SHIFT_S = 1.0
 
 @dataclass
 class LoadTestOptions:
-    # Matched to `make run`'s defaults (scripts/run.py DEFAULT_GROUPS: the realtime lane has two
+    # Matched to `make run`'s defaults (tasks/worker_groups.py DEFAULT_GROUPS: the realtime lane has two
     # worker instances x 16 threads): 100 and 200/s are well under what they complete on a
     # 2-core machine, so a fresh clone's first steps pass; 400/s is the flow-control target; 500 looks past it.
     steps: list[int] = field(default_factory=lambda: [100, 200, 300, 400, 500])

@@ -9,6 +9,11 @@ set to a directory. Every process then counts
   broker traffic goes through it too);
 - SQL statements by kind (select, insert, update, ...), with Django's
   ``execute_wrapper`` on each new connection;
+- SQL transactions a connection ended itself (``sql_commit``, ``sql_rollback``:
+  an ``atomic`` block's, ``bulk_create``'s), which execute wrappers never see. On
+  PostgreSQL each is two round trips more than its statements (psycopg sends
+  the ``BEGIN`` before the first statement, then the ``COMMIT``); a statement in
+  autocommit is its own transaction and is not counted here;
 
 and writes them to ``<dir>/probe-<pid>.json`` about once a second (a file, so
 the probe adds no Redis commands of its own). ``read_dir`` sums the files.
@@ -76,6 +81,7 @@ def install(sql: bool = True) -> None:
             connection.execute_wrappers.append(_sql_counter)
 
     connection_created.connect(on_connection, weak=False)
+    _count_transactions()
     from django.db import connections
 
     for conn in connections.all(initialized_only=True):
@@ -97,6 +103,21 @@ def _hook_celery_ready() -> None:
         (Path(directory) / f"ready-{os.getpid()}").write_text("ready")
 
     worker_ready.connect(on_ready, weak=False)
+
+
+def _count_transactions() -> None:
+    """Count each transaction a connection commits or rolls back (Django's ``_commit``/``_rollback``)."""
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+    for name in ("commit", "rollback"):
+        original = getattr(BaseDatabaseWrapper, f"_{name}")
+
+        def counted(self: Any, _original: Any = original, _name: str = name) -> Any:
+            if self.connection is not None:
+                count(f"sql_{_name}")
+            return _original(self)
+
+        setattr(BaseDatabaseWrapper, f"_{name}", counted)
 
 
 def _sql_counter(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:

@@ -14,9 +14,14 @@ its idempotency key its identity). Submitting a batch takes, whatever its size:
 
 If anything fails after the supplier accepted (the insert, the worker), the
 items retry and are sent again with the same keys: the supplier answers the
-same submit id and submits nothing twice, and the row is written then. The
-twin does the same steps for one message: three round trips per message
-instead of three per batch.
+same submit id and submits nothing twice, and the row is written then.
+
+The twin is written as a plain handler for one message would be, and takes the
+same steps: its row's ``SELECT``, one request, one ``INSERT``. Each statement is
+its own transaction (autocommit), so a message costs two database round trips;
+run through ``submit_many`` as a batch of one it cost four (``bulk_create``'s
+atomic block added a ``BEGIN`` and a ``COMMIT`` around the one ``INSERT``) for
+the same one commit.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from tasks.errors import NonRetryableError, RetryableError
 from tasks.registry import BatchItem, Context, handler
@@ -65,17 +70,52 @@ def submit(items: list[BatchItem]) -> list[Any]:
 
 @handler("sms.submit_one", validate_options=validate_options, option_keys=("url",))
 def submit_one(payload: dict, ctx: Context) -> dict:
-    """The unbatched twin of sms.submit: the same three steps for one message."""
-    outcome = submit_many([BatchItem(payload, ctx)])[0]
-    if isinstance(outcome, BaseException):
-        raise outcome
-    return outcome
+    """The unbatched twin of sms.submit, a plain handler: its row's facts, one request, one row (two statements)."""
+    key = ctx.idempotency_key
+    known = SmsMessage.objects.filter(key=key).values_list("submit_id", flat=True).first()
+    if known is not None:
+        return {"submit_id": known}  # submitted before (a re-send after a partial failure)
+    to, channel = payload.get("to"), payload.get("channel")
+    if not isinstance(to, str) or not isinstance(channel, str):
+        raise NonRetryableError("payload needs 'to' and 'channel' strings")
+    (result,) = _post(ctx.options["url"], channel, [{"key": key, "to": to, "text": payload.get("text", "")}],
+                      ctx.remaining)
+    status = result.get("status")
+    if status == "throttled":
+        raise RetryableError(f"channel {channel!r} throttled", retry_after_s=THROTTLED_RETRY_S)
+    if status != "accepted":
+        raise NonRetryableError(f"supplier rejected the message: {result.get('error')}")
+    try:
+        # save(), not bulk_create: no atomic block around the one INSERT (autocommit makes it one transaction).
+        SmsMessage(key=key, task_id=ctx.task_id, channel=channel, to=to, submit_id=result["submit_id"],
+                   attempt=ctx.attempt).save(force_insert=True)
+    except IntegrityError:
+        pass  # the row is there: an earlier attempt wrote it (the supplier answered the same submit id)
+    return {"submit_id": result["submit_id"]}
+
+
+def _post(url: str, channel: str, messages: list[dict], remaining_s: float) -> list[dict]:
+    """One supplier request for ``messages`` of ``channel``: one result each, in order; RetryableError otherwise."""
+    import urllib3
+
+    try:
+        response = _http().request(
+            "POST", url, body=json.dumps({"channel": channel, "messages": messages}).encode(),
+            headers={"Content-Type": "application/json"},
+            timeout=urllib3.Timeout(total=max(0.05, remaining_s)), retries=False)
+        if response.status != 200:
+            raise RetryableError(f"supplier answered {response.status} for channel {channel!r}")
+        results = json.loads(response.data)["results"]
+    except (urllib3.exceptions.HTTPError, ValueError, KeyError) as exc:
+        raise RetryableError(f"supplier unreachable: {exc!r}") from exc
+    if not isinstance(results, list) or len(results) != len(messages):
+        got = len(results) if isinstance(results, list) else "no list of"
+        raise RetryableError(f"supplier answered {got} results for {len(messages)} messages")
+    return results
 
 
 def submit_many(items: list[BatchItem]) -> list[Any]:
     """One outcome per item: ``{"submit_id": ...}`` or the item's error."""
-    import urllib3
-
     outcomes: list[Any] = [None] * len(items)
     keys = [ctx.idempotency_key for _, ctx in items]
     known = dict(SmsMessage.objects.filter(key__in=keys).values_list("key", "submit_id"))
@@ -89,22 +129,12 @@ def submit_many(items: list[BatchItem]) -> list[Any]:
             by_channel[payload["channel"]].append(i)
     rows = []
     for channel, indexes in by_channel.items():
-        first_ctx = items[indexes[0]].ctx
-        body = {"channel": channel, "messages": [
-            {"key": items[i].ctx.idempotency_key, "to": items[i].payload["to"],
-             "text": items[i].payload.get("text", "")} for i in indexes]}
+        messages = [{"key": items[i].ctx.idempotency_key, "to": items[i].payload["to"],
+                     "text": items[i].payload.get("text", "")} for i in indexes]
         try:
-            response = _http().request(
-                "POST", first_ctx.options["url"], body=json.dumps(body).encode(),
-                headers={"Content-Type": "application/json"},
-                timeout=urllib3.Timeout(total=max(0.05, min(items[i].ctx.remaining for i in indexes))), retries=False)
-            if response.status != 200:
-                raise RetryableError(f"supplier answered {response.status} for channel {channel!r}")
-            results = json.loads(response.data)["results"]
-            if len(results) != len(indexes):
-                raise RetryableError(f"supplier answered {len(results)} results for {len(indexes)} messages")
-        except (urllib3.exceptions.HTTPError, ValueError, KeyError, RetryableError) as exc:
-            error = exc if isinstance(exc, RetryableError) else RetryableError(f"supplier unreachable: {exc!r}")
+            results = _post(items[indexes[0]].ctx.options["url"], channel, messages,
+                            min(items[i].ctx.remaining for i in indexes))
+        except RetryableError as error:
             for i in indexes:
                 outcomes[i] = error
             continue

@@ -40,10 +40,12 @@ import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tools.benchmark import ROOT, SMS_TYPES, Bench, BenchOptions, machine_info
+from tasks.worker_groups import realtime_shape
+from tools.benchmark import ROOT, SMS_TYPES, Bench, BenchOptions, cpu_seconds, machine_info
 from tools.loadcheck import (
     Applied,
     RowWritten,
@@ -71,15 +73,19 @@ def default_bench() -> BenchOptions:
     """The run's environment as ``manage.py benchmark`` makes it, shaped for the SMS demo.
 
     Its workers (``instances`` x ``celery -P io_pool -c io_concurrency``, the same
-    for both modes, the shape of ``make run``'s realtime group: 2 x threads 16).
-    One unbatched message holds a run thread for its supplier request (20 ms) and
-    its transaction (a few ms more with fsync): 500 msg/s needs about 15 in
-    flight, which 2 x 8 threads only just held, with no slack for a loaded host.
+    for both modes) are the shape of ``make run``'s realtime group, read from its
+    one definition (``tasks.worker_groups.realtime_shape``, with the same
+    ``WORKER_*`` overrides): what the demo measures is what ``make run`` would
+    run it on, and a change of ``make run``'s defaults moves both. One unbatched
+    message holds a run thread for its supplier request (20 ms) and its two
+    statements (a few ms more with fsync): 500 msg/s needs about 12-15 in flight.
     The supplier (``sms_channels`` the messages spread over,
     ``sms_tps`` messages/s per channel, ``sms_latency_ms`` per request),
     ``redis_url`` (None: start one) and ``database_url`` (None: a scratch SQLite file).
     """
-    return BenchOptions(workloads=["sms"], instances=2, io_pool="threads", io_concurrency=16)
+    shape = realtime_shape()
+    return BenchOptions(workloads=["sms"], instances=shape.instances, io_pool=shape.pool,
+                        io_concurrency=shape.concurrency)
 
 
 @dataclass
@@ -129,8 +135,14 @@ class SmsStep:
     duplicates: int = 0
     unknown: int = 0
     pending: int = 0  # accepted, no row, still held by the platform when the wait ended
-    sql_per_msg: float | None = None
+    sql_per_msg: float | None = None  # statements the workers ran (the handler's and the platform's), per message
+    #: Transactions the workers' connections committed or rolled back themselves (an ``atomic`` block's), per
+    #: message: on PostgreSQL each is two round trips (``BEGIN``, ``COMMIT``) besides its statements.
+    sql_transactions_per_msg: float | None = None
     redis_round_trips_per_msg: float | None = None
+    #: CPU per accepted message (ms) from the step's start to its drain, by process: ``workers``, ``supplier``,
+    #: ``redis``, ``postgres`` (the server's processes, when it runs on this host), ``driver`` (the generator).
+    cpu_ms_per_msg: dict[str, float] = field(default_factory=dict)
     examples: dict[str, list] = field(default_factory=dict)
     correct: bool = True
     passed: bool = False
@@ -206,8 +218,10 @@ class SmsLoad:
         procs = []
         try:
             procs = self.bench.start_workers(system, "sms", probe_dir, self.bench.tmp / f"latency-{mode}")
+            pids = {"workers": [p.pid for p in procs], "supplier": [self.bench.supplier.pid] if self.bench.supplier
+                    else [], "redis": [self.bench.redis_pid] if self.bench.redis_pid else []}
             spec = {"mode": mode, "type": out.type, "probe_dir": str(probe_dir), "supplier": self.bench.env[
-                "BENCH_SMS_URL"], "options": asdict(self.o)}
+                "BENCH_SMS_URL"], "options": asdict(self.o), "pids": pids}
             result = self._drive(spec)
             out.run = result["run"]
             out.steps = [SmsStep(**s) for s in result["steps"]]
@@ -286,7 +300,7 @@ def drive(spec: dict, progress: Progress | None = None) -> dict:
         django.setup()
     o = SmsLoadOptions.from_dict(spec["options"])
     driver = _Driver(o, spec["mode"], spec["type"], spec["supplier"], spec.get("probe_dir"),
-                     progress or (lambda line: None))
+                     progress or (lambda line: None), spec.get("pids") or {})
     steps = []
     for index, rate in enumerate(o.steps):
         step = driver.step(index, rate)
@@ -298,8 +312,10 @@ def drive(spec: dict, progress: Progress | None = None) -> dict:
 
 class _Driver:
     def __init__(self, o: SmsLoadOptions, mode: str, type_name: str, supplier_url: str, probe_dir: str | None,
-                 progress: Progress) -> None:
+                 progress: Progress, pids: dict[str, list[int]]) -> None:
         self.o, self.mode, self.type_name, self.progress = o, mode, type_name, progress
+        self.pids = pids
+        self.postmaster = _postmaster()
         self.stats_url = supplier_url.rsplit("/", 1)[0] + "/stats"
         self.probe_dir = probe_dir
         self.run_id = f"sms-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:6]}-{mode}"
@@ -322,6 +338,7 @@ class _Driver:
             plans[i % len(plans)].append(loadgen.Message(i, self.type_name, key, 0, key, payload))
         results: list[Sent] = []
         before_probe = probe.read_dir(self.probe_dir) if self.probe_dir else {}
+        before_cpu = self._cpu()
         self.progress(f"{self.mode} step {index + 1}/{len(o.steps)}: {rate}/s for {o.step_seconds:g}s ({n} messages)")
         start = time.time() + 0.05
         loadgen.send([loadgen.planned(p) for p in plans], admit=_admit_unscoped(admit), start=start, rate=rate,
@@ -338,12 +355,19 @@ class _Driver:
         step.dispatch_ms = _rounded(percentiles([s.done_ms - s.scheduled_ms for s in sent]))
 
         step.drained, step.drain_s = self._drain(prefix, len(accepted), end)
+        if accepted:
+            after_cpu = self._cpu()
+            step.cpu_ms_per_msg = {name: round(sum(s - before_cpu.get(name, {}).get(pid, 0.0) for pid, s in
+                                                   by_pid.items()) * 1000 / len(accepted), 3)
+                                   for name, by_pid in after_cpu.items()}
         if o.drop_rows_every > 0:
             step.dropped = _drop_rows([s.key for s in accepted][::o.drop_rows_every])
         rows, dead_ids = _rows(prefix), _dead_task_ids(prefix)
         if self.probe_dir and accepted:
             d = probe.diff(probe.read_dir(self.probe_dir), before_probe)
             step.sql_per_msg = round(d.get("sql_statements", 0) / len(accepted), 3)
+            step.sql_transactions_per_msg = round((d.get("sql_commit", 0) + d.get("sql_rollback", 0)) / len(accepted),
+                                                  3)
             step.redis_round_trips_per_msg = round(d.get("redis_round_trips", 0) / len(accepted), 2)
         step.rows = len(rows)
         step.supplier_accepted = self._supplier_count(prefix)
@@ -394,6 +418,18 @@ class _Driver:
                 return False, None
             time.sleep(DRAIN_POLL_S)
 
+    def _cpu(self) -> dict[str, dict[int, float]]:
+        """CPU seconds used so far by each process of each named group, this one's as ``driver``.
+
+        By process, so a PostgreSQL backend that started since (a worker thread's first query) counts from zero.
+        """
+        times = os.times()
+        groups = {name: pids for name, pids in self.pids.items() if pids}
+        if self.postmaster is not None:
+            groups["postgres"] = [self.postmaster, *_children(self.postmaster)]
+        return {**{name: {pid: cpu_seconds(pid) for pid in pids} for name, pids in groups.items()},
+                "driver": {os.getpid(): times.user + times.system}}
+
     def _supplier_count(self, prefix: str) -> int | None:
         try:
             with urllib.request.urlopen(f"{self.stats_url}?prefix={prefix}", timeout=10) as answer:
@@ -409,6 +445,32 @@ def _admit_unscoped(admit: Callable[..., Any]) -> Callable[..., Any]:
         return admit(task_type, payload, **options)
 
     return call
+
+
+def _postmaster() -> int | None:
+    """The PostgreSQL server's main process when it runs on this host (its backends are its children), else None."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        backend = cursor.fetchone()[0]
+    return _parents().get(backend)  # None: on another host (or in another PID namespace)
+
+
+def _children(pid: int) -> list[int]:
+    return [child for child, parent in _parents().items() if parent == pid]
+
+
+def _parents() -> dict[int, int]:
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return parents
 
 
 def _count_rows(prefix: str) -> int:
@@ -467,7 +529,10 @@ def _rounded(values: dict[str, float | None]) -> dict[str, float | None]:
 
 # -- presentation ---------------------------------------------------------
 TABLE_COLUMNS = ["mode", "rate", "offered/s", "done in step/s", "backlog at end", "drain s", "e2e p50/p95/p99 ms",
-                 "rows", "supplier", "lost", "dup", "unknown", "dead", "sql/msg", "result", "why"]
+                 "rows", "supplier", "lost", "dup", "unknown", "dead", "sql/msg", "tx/msg", "cpu ms/msg", "result",
+                 "why"]
+#: The processes of the "cpu ms/msg" column, in its order (``SmsStep.cpu_ms_per_msg``).
+CPU_COLUMNS = ("workers", "postgres", "supplier", "redis", "driver")
 SIDE_BY_SIDE_COLUMNS = ["rate", "batched done/s", "single done/s", "batched/single", "batched", "single"]
 
 
@@ -481,6 +546,7 @@ def table_rows(report: SmsLoadReport) -> list[dict[str, Any]]:
                 "drain s": s.drain_s if s.drained else "no", "e2e p50/p95/p99 ms": _triple(s.e2e_ms),
                 "rows": f"{s.rows}/{s.accepted}", "supplier": s.supplier_accepted, "lost": s.lost,
                 "dup": s.duplicates, "unknown": s.unknown, "dead": s.dead, "sql/msg": s.sql_per_msg,
+                "tx/msg": s.sql_transactions_per_msg, "cpu ms/msg": _cpu_text(s.cpu_ms_per_msg),
                 "result": "PASS" if s.passed else "FAIL", "why": s.why,
             })
         if m.error:
@@ -512,6 +578,11 @@ def summary(report: SmsLoadReport) -> str:
     if report.ratio is not None:
         parts.append(f"batched/single {report.ratio:g}x")
     return f"database {report.database}; " + "; ".join(parts)
+
+
+def _cpu_text(cpu: dict[str, float]) -> str:
+    """``workers 1.20 postgres 0.90 ...``: what each group of processes spent a message, in CPU_COLUMNS order."""
+    return " ".join(f"{name} {cpu[name]:.2f}" for name in CPU_COLUMNS if name in cpu) or "-"
 
 
 def _triple(p: dict[str, float | None]) -> str:

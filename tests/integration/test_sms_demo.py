@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tasks import config
+from tasks.context import Context
 from tasks.dispatch import admit
 from tasks.models import DeadLetter
 from tests.support.helpers import define, unique, wait_until
 from tools.models import SmsMessage
+from tools.sms_demo import submit_one
 from tools.sms_supplier import Supplier, SupplierServer
 
 
@@ -67,3 +71,70 @@ def test_a_worker_killed_mid_batch_submits_nothing_twice(start_worker):
         rows = dict(SmsMessage.objects.filter(key__startswith=f"{name}-").values_list("key", "submit_id"))
         assert len(rows) == n
         assert all(r.get(timeout=1)["submit_id"] == rows[f"{name}-{i}"] for i, r in enumerate(sent))
+
+
+def _ctx(url: str, key: str) -> Context:
+    now = time.time()
+    return Context(task_id=unique("t"), type="sms", lane="sms", chat_id="", attempt=1, deadline=now + 30,
+                   attempt_deadline=now + 10, idempotency_key=key, options={"url": url})
+
+
+class _Counted:
+    """Statements run and transactions committed or rolled back on the default connection (this thread's)."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+        self.transactions = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        self.statements.append(sql.split(None, 1)[0].upper())
+        return execute(sql, params, many, context)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    from django.db import connections
+
+    connection = connections["default"]
+    counts = _Counted()
+    for name in ("_commit", "_rollback"):
+        original = getattr(connection, name)
+
+        def wrapped(_original=original):
+            counts.transactions += 1
+            return _original()
+
+        monkeypatch.setattr(connection, name, wrapped)
+    with connection.execute_wrapper(counts):
+        yield counts
+
+
+def test_the_unbatched_twin_is_two_statements_a_message_and_no_transaction_of_its_own(supplier, counted):
+    # sms.submit_one as a plain handler: its row's SELECT, the request, the INSERT, each statement its own
+    # transaction in autocommit. Run as submit_many's batch of one it was a BEGIN, the INSERT and a COMMIT
+    # for its row (bulk_create's atomic block): on PostgreSQL four round trips a message instead of two.
+    key = unique("sms-one")
+    out = submit_one({"to": "+8613800000001", "channel": "ch0", "text": "hi"}, _ctx(supplier.url, key))
+    assert counted.statements == ["SELECT", "INSERT"] and counted.transactions == 0, vars(counted)
+    assert SmsMessage.objects.get(key=key).submit_id == out["submit_id"]
+    # Sent again (a retry after the row was written): answered from the row, no request, one statement.
+    requests = supplier.supplier.stats()["requests"]
+    counted.statements.clear()
+    assert submit_one({"to": "+8613800000001", "channel": "ch0"}, _ctx(supplier.url, key)) == out
+    assert counted.statements == ["SELECT"] and supplier.supplier.stats()["requests"] == requests
+
+
+def test_the_unbatched_twin_keeps_the_row_an_earlier_attempt_wrote(supplier, monkeypatch):
+    # The supplier accepted, the row appeared between this attempt's SELECT and its INSERT (another
+    # attempt's): the INSERT's conflict is not an error, the answer is the supplier's same submit id.
+    from tools import sms_demo
+
+    key = unique("sms-race")
+    first = submit_one({"to": "+8613800000002", "channel": "ch0"}, _ctx(supplier.url, key))
+    real_filter = SmsMessage.objects.filter
+    monkeypatch.setattr(SmsMessage.objects, "filter", lambda **kw: real_filter(pk=-1) if "key" in kw else
+                        real_filter(**kw))
+    again = sms_demo.submit_one({"to": "+8613800000002", "channel": "ch0"}, _ctx(supplier.url, key))
+    monkeypatch.undo()
+    assert again == first and SmsMessage.objects.filter(key=key).count() == 1
+    assert supplier.supplier.stats()["duplicates"] == 1  # it was sent again, and answered as a re-send

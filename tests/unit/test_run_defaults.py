@@ -43,3 +43,18 @@ def test_the_banner_names_the_credentials_file_never_a_credential(tmp_path):
     printed = run.banner(path, 8000, 5555)
     assert str(path) in printed
     assert not [name for name, value in secrets.items() if value in printed]
+
+
+def test_smsload_starts_the_realtime_group_make_run_starts(monkeypatch):
+    # One definition (tasks.worker_groups): smsload's workers are make run's realtime group, its
+    # overrides included, so what the SMS demo measures is what make run would run it on.
+    from tools import smsload
+
+    def shape_of(bench):
+        return {"instances": bench.instances, "pool": bench.io_pool, "concurrency": bench.io_concurrency}
+
+    realtime = run.worker_groups({})["realtime"]
+    assert shape_of(smsload.default_bench()) == {k: realtime[k] for k in ("instances", "pool", "concurrency")}
+    monkeypatch.setenv("WORKER_REALTIME_CONCURRENCY", "24")
+    monkeypatch.setenv("WORKER_REALTIME_INSTANCES", "3")
+    assert shape_of(smsload.default_bench()) == {"instances": 3, "pool": realtime["pool"], "concurrency": 24}
