@@ -98,7 +98,7 @@ local function read_item(it, n, k)
   return k
 end
 
---! include _cancel.lua
+--! lazy _admit_rare.lua as admit_rare
 --! include _admit.lua
 
 local version = redis.call('GET', c.config_version) or '0'
@@ -107,7 +107,7 @@ if version ~= c.version then
 end
 
 -- Deferred shared writes only when there are items to share them.
-local pend = items > 1 and pend_new() or nil
+local pend = items > 1 and admit_rare().pend_new() or nil
 local replies = {{}}
 local estimate = nil  -- an 'ok' reply's inputs, read once
 local it = {}
@@ -132,6 +132,6 @@ for n = 0, items - 1 do
     replies[n + 2] = {status, position, depth}  -- ('rej', reason, depth), ('dup'|'conflict', task id)
   end
 end
-if pend then pend_flush(pend, c.lane_prefix .. c.lane .. LANE_WAITING_SUFFIX, c.deadlines, c.leases) end
+if pend then admit_rare().pend_flush(pend, c.lane_prefix .. c.lane .. LANE_WAITING_SUFFIX, c.deadlines, c.leases) end
 if estimate then replies[1] = estimate end
 return replies
