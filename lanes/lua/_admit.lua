@@ -81,7 +81,7 @@ if c.accepting ~= '1' then return admit_rare().admit_reject(c, pend, waiting_key
 if depth >= c.capacity then return admit_rare().admit_reject(c, pend, waiting_key, depth, 'lane_full') end
 -- A token's tasks waiting in the lane (_lib.lua's caller_of) at most its share (``caller_quota``, 0: none).
 local caller = caller_of(record)
-if caller and c.caller_quota > 0 then
+if caller and tonumber(c.caller_quota) > 0 then
   local owned
   if pend then
     if not pend.owned[caller] then
@@ -91,7 +91,9 @@ if caller and c.caller_quota > 0 then
   else
     owned = tonumber(redis.call('HGET', c.lane_prefix .. c.lane .. LANE_CALLERS_SUFFIX, caller) or '0')
   end
-  if owned >= c.caller_quota then return admit_rare().admit_reject(c, pend, waiting_key, depth, 'caller_quota') end
+  if owned >= tonumber(c.caller_quota) then
+    return admit_rare().admit_reject(c, pend, waiting_key, depth, 'caller_quota')
+  end
 end
 
 -- A debounce replaces the task still waiting for its key (cancel.lua's cancel_record): only once
@@ -100,7 +102,7 @@ local replaced, replaced_chat = nil, nil
 if held then
   if chat_id ~= '' then
     local frees = held[3] == chat_id and 1 or 0
-    if redis.call('LLEN', it.chat_queue) - frees >= c.chat_queue_size then
+    if redis.call('LLEN', it.chat_queue) - frees >= tonumber(c.chat_queue_size) then
       return admit_rare().admit_reject(c, pend, waiting_key, depth, 'chat_queue_full')
     end
   end
@@ -111,7 +113,7 @@ local position = depth + 1
 local publish = true
 if chat_id ~= '' then
   local backlog = redis.call('LLEN', it.chat_queue)
-  if backlog >= c.chat_queue_size then
+  if backlog >= tonumber(c.chat_queue_size) then
     return admit_rare().admit_reject(c, pend, waiting_key, depth, 'chat_queue_full')
   end
   redis.call('RPUSH', it.chat_queue, task_id)
@@ -125,7 +127,8 @@ end
 
 -- Every task waiting in the lane is counted ahead, whatever its priority (an estimate's input).
 local ahead = depth
-local queue_key = c.lists[tonumber(it.kombu_priority) + 1]
+-- Its list: kombu priority '0'..'9' (one digit) is list 1..10, its byte less 47 (no strtod, as tonumber would run).
+local queue_key = c.lists[string.byte(it.kombu_priority) - 47]
 -- An unlimited task due now that is its chat's head (or has no chat) is published right
 -- here: publish_record's work, without reading back the record just written.
 local direct = publish and it.limits == '' and due <= 0
@@ -160,7 +163,7 @@ if it.limits ~= '' then
   redis.call('HSET', record, 'lim', it.limits, 'kp', it.kombu_priority)
   if publish then admit_rare().admit_gate(c, record, it) end
 elseif direct then
-  local tagged = list_item(record, 1)
+  local tagged = list_item(record, '1')  -- text: a number would be formatted by sprintf
   if pend then
     local list = pend.lists[queue_key]
     if not list then
@@ -182,7 +185,7 @@ elseif direct then
 end
 if it.dedupe_key then
   -- A throttle's key is held for its window; a debounce's while its task may still wait (its deadline).
-  local until_ms = c.dedupe == 'throttle' and string.format('%.0f', tonumber(c.now_ms) + c.dedupe_window_ms)
+  local until_ms = c.dedupe == 'throttle' and string.format('%.0f', tonumber(c.now_ms) + tonumber(c.dedupe_window_ms))
     or it.deadline_ms
   redis.call('HSET', it.dedupe_key, 'task', task_id, 'rec', record, 'chat', chat_id, 'until', until_ms)
   redis.call('PEXPIREAT', it.dedupe_key, until_ms)

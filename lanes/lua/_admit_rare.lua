@@ -67,7 +67,8 @@ local function replace_held(c, record, id, by)
   lim_setup(c.limit_prefix, c.lane_prefix, c.metrics_total, c.metrics_minute, now, c.leases, lease_until)
   local detail = 'replaced by ' .. by
   local p = {now = now, detail_json = cjson.encode(detail), detail_text = detail, tombstone_prefix = TOMBSTONE_PREFIX,
-    tombstone_ttl_s = c.tombstone_ttl_s, settle_lease_ms = c.settle_lease_ms, lease_until = lease_until,
+    tombstone_ttl_s = tonumber(c.tombstone_ttl_s), settle_lease_ms = tonumber(c.settle_lease_ms),
+    lease_until = lease_until,
     chat_prefix = CHAT_PREFIX, chat_waiting_prefix = CHAT_WAITING_PREFIX, delayed_prefix = DELAYED_PREFIX,
     lane_prefix = c.lane_prefix, leases = c.leases, deadlines = c.deadlines, chats = c.chats,
     metrics_total = c.metrics_total, metrics_minute = c.metrics_minute, only_lane = '', waiting_only = true}
