@@ -4,7 +4,8 @@
 Each EVALSHA runs a script's top level again, which re-creates every ``local function`` closure ahead of
 its body: prelude + the whole ``_lib.lua`` cost about 46K instructions a call (callgrind). So a script carries only the
 ``_lib.lua`` blocks (top-level ``local function NAME(`` / ``local NAME =``) and constants it names,
-transitively, in their order (``select_lib``): its text is a subset of prelude + ``_lib.lua`` + body.
+transitively, in their order (``select_lib``): its text is a subset of prelude + ``_lib.lua`` + body. What only a
+rare path needs can be made only by a call that takes it (``LAZY``: admit.lua's refusals, limits, debounce).
 
 The scripts live beside this module, each with one typed Python wrapper
 (``lanes/lua/admit.py`` for ``admit.lua``, ...): the wrapper is the only code
