@@ -45,7 +45,7 @@
 --   {'rej', reason, depth}, {'dup', task_id} (also a throttle's: the first's id) or {'conflict', task_id};
 --   ``inputs``: the lane's estimate inputs {completed this minute, completed the
 --   previous minute, handler seconds this minute, the previous minute's, paused 0/1,
---   live consumers}, read once a call by the first item admitted ({} when none was,
+--   live consumers}, read once a call by the first item admitted (nil when none was,
 --   or read_estimate is '0'; the completions and handler seconds '0', unread, for a lane
 --   paused or with no live consumer: its estimate says so without them). lanes/lua/admit.py
 --   decodes all of it.
@@ -110,7 +110,9 @@ end
 
 -- Deferred shared writes only when there are items to share them.
 local pend = items > 1 and admit_rare().pend_new() or nil
-local replies = {{}}
+-- false (a nil reply) until the estimate inputs are read: an empty table would cost Redis a table's
+-- conversion (it probes each table of a reply for err, ok, double, ...: about 2.6K instructions).
+local replies = {false}
 local estimate = nil  -- an 'ok' reply's inputs, read once
 -- Its fields named at once: a table sized for them (filled one by one, it would be rehashed four times).
 local it = {task_id = nil, message = nil, kombu_priority = nil, chat = nil, digest = nil, deadline_ms = nil,

@@ -5,7 +5,8 @@ Run with Redis under callgrind (``scripts/valkey_callgrind.sh``, counting inside
 ``DISPATCH_REDIS_SERVER=scripts/valkey_callgrind.sh .venv/bin/python -m pytest -q -s
 tests/integration/bench_admit_breakdown.py``. Each variant runs ``N`` calls, each with a fresh task id
 (a new record, as a dispatch makes), onto a backlog, with no live consumer (the estimate's two reads each
-call, as in ``bench_script_instructions``) unless ``BENCH_CONSUMER=1``. Prints Ir a call per variant;
+call, as in ``bench_script_instructions``) unless ``BENCH_CONSUMER=1``
+(or none read: ``BENCH_READ_ESTIMATE=0``). Prints Ir a call per variant;
 asserts no count. ``BENCH_VARIANTS``: a comma-separated subset.
 """
 
@@ -26,6 +27,8 @@ from tests.support.admit_reference import keys_and_args
 from tests.support.helpers import define, unique
 
 N = int(os.environ.get("BENCH_TASKS", "200"))
+#: ``BENCH_READ_ESTIMATE=0``: calls sent with the estimate inputs cached (a serving lane's, all but one a second).
+READ_ESTIMATE = os.environ.get("BENCH_READ_ESTIMATE", "1") == "1"
 OUT = os.environ.get("CALLGRIND_OUT", "/tmp/callgrind-valkey")
 BODY_START = "local version = redis.call('GET', c.config_version)"
 
@@ -100,8 +103,8 @@ def test_breakdown(rc, redis_server):
         if wanted and name not in wanted:
             continue
         sha = rc.script_load(text)
-        calls = [keys_and_args(chunk, [dataclasses.replace(item, task_id=f"{item.task_id}-{name}-{n}")])
-                 for n in range(N)]
+        calls = [keys_and_args(chunk, [dataclasses.replace(item, task_id=f"{item.task_id}-{name}-{n}")],
+                               read_estimate=READ_ESTIMATE) for n in range(N)]
         if name == "empty_noargs":
             calls = [([], [])] * N
         per_call, dump = _measure(rc, pid, sha, calls)
