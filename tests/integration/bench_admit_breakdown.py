@@ -7,7 +7,9 @@ tests/integration/bench_admit_breakdown.py``. Each variant runs ``N`` calls, eac
 (a new record, as a dispatch makes), onto a backlog, with no live consumer (the estimate's two reads each
 call, as in ``bench_script_instructions``) unless ``BENCH_CONSUMER=1``
 (or none read: ``BENCH_READ_ESTIMATE=0``). Prints Ir a call per variant;
-asserts no count. ``BENCH_VARIANTS``: a comma-separated subset.
+asserts no count. ``BENCH_VARIANTS``: a comma-separated subset. The ``fcall`` variant (the script as a Redis
+Functions library, a probe) is counted only when the server's callgrind also collects in ``fcallCommand``
+(``--toggle-collect=fcallCommand``); else it prints 0.
 """
 
 from __future__ import annotations
@@ -59,13 +61,29 @@ return {{{{'0', '0', '0', '0', paused, consumers}}, depth}}
         "empty_noargs": "return 1",
         "defs_only": head + "do return {{}} end\n" + BODY_START + body,
         "commands_only": commands,
+        "fcall": _as_function(source),
     }
+
+
+def _as_function(source: str) -> str:
+    """The script as a Redis Functions library (a probe of what ``FCALL`` would cost, never loaded by the
+    platform): its top level runs once, at ``FUNCTION LOAD``; a call runs only what builds ``c`` and the body."""
+    head, body = source.split(BODY_START, 1)
+    found = re.search(r"^local c = \{\n.*?^local items = [^\n]*\n", head, re.M | re.S)
+    assert found, "admit.lua's named KEYS/ARGV moved: update this probe"
+    head = head.replace(found[0], "")
+    return ("#!lua name=admit_probe\nlocal KEYS, ARGV = nil, nil\n" + head
+            + "redis.register_function('admit_probe', function(keys, args)\nKEYS, ARGV = keys, args\n"
+            + found[0] + BODY_START + body + "\nend)\n")
 
 
 def _measure(rc, pid: int, sha: str, calls: list[tuple[list, list]]) -> tuple[float, str]:
     subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
     for k, a in calls:
-        rc.evalsha(sha, len(k), *k, *a)
+        if sha == "fcall":
+            rc.fcall("admit_probe", len(k), *k, *a)
+        else:
+            rc.evalsha(sha, len(k), *k, *a)
     subprocess.run(["callgrind_control", "-d", str(pid)], check=True, capture_output=True)
     newest = max(glob.glob(f"{OUT}/cg.{pid}.*"), key=os.path.getmtime)
     total = int(re.search(r"^(?:summary|totals): (\d+)", open(newest).read(), re.M).group(1))
@@ -102,7 +120,11 @@ def test_breakdown(rc, redis_server):
     for name, text in variants.items():
         if wanted and name not in wanted:
             continue
-        sha = rc.script_load(text)
+        if name == "fcall":
+            rc.function_load(text, replace=True)
+            sha = "fcall"
+        else:
+            sha = rc.script_load(text)
         calls = [keys_and_args(chunk, [dataclasses.replace(item, task_id=f"{item.task_id}-{name}-{n}")],
                                read_estimate=READ_ESTIMATE) for n in range(N)]
         if name == "empty_noargs":
