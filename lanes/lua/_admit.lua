@@ -15,6 +15,10 @@
 -- helpers it calls see every earlier item's writes. Everything an item reads
 -- back (its record, idempotency key, chat queue) is still written at once, so
 -- two items of one chunk see each other like two dispatch.delay calls.
+--
+-- What a plain item never runs (pend_flush and the rest of the deferred writes, the refusals, a debounce's
+-- replacement, a limit's gate) is in _admit_rare.lua, reached as ``admit_rare().fn``: made only by a call
+-- that needs it (admit.lua's ``--! lazy`` line).
 
 -- Returns the item's reply as values, not a table (admit.lua builds the one it sends):
 -- status, then ('dup'|'conflict') task id, ('rej') reason and depth, or ('ok') position,
