@@ -15,76 +15,10 @@
 -- helpers it calls see every earlier item's writes. Everything an item reads
 -- back (its record, idempotency key, chat queue) is still written at once, so
 -- two items of one chunk see each other like two dispatch.delay calls.
-
-local function pend_new()
-  return {add = 0, base = nil, deadlines = {}, leases = {}, lists = {}, order = {}, callers = {}, owned = {}}
-end
-
--- ``command key`` with the members of ``args``, in runs that fit Lua's stack (unpack); the last run's reply.
-local function call_in_runs(command, key, args)
-  local run, reply = 2000, nil
-  for i = 1, #args, run do
-    reply = redis.call(command, key, unpack(args, i, math.min(i + run - 1, #args)))
-  end
-  return reply
-end
-
-local function pend_flush(pend, waiting_key, deadlines_key, leases_key)
-  if pend.add ~= 0 then
-    if tonumber(redis.call('INCRBY', waiting_key, pend.add)) < 0 then redis.call('DEL', waiting_key) end
-  end
-  for caller, n in pairs(pend.callers) do caller_move(pend.lane_prefix, pend.lane, caller, n) end
-  call_in_runs('ZADD', deadlines_key, pend.deadlines)
-  call_in_runs('ZADD', leases_key, pend.leases)
-  -- One ring per lane doorbell for every list the call pushed to that was empty (a chunk is one
-  -- lane's): a list that held messages was rung for them already (rings_for, _lib.lua).
-  local bells = {}
-  for _, list in ipairs(pend.order) do
-    local pushed = pend.lists[list]
-    if rings_for(call_in_runs('LPUSH', list, pushed), #pushed) then
-      local bell = bell_of(list)
-      bells[bell] = bit.bor(bells[bell] or 0, bell_bit(list))
-    end
-  end
-  for bell, bits in pairs(bells) do ring(bell, bits) end
-  -- Reset in place (admit_one holds this table); base too, which pairs() of a fresh table would skip
-  -- (nil): the next deferred item reads the waiting count again, with what was just written.
-  pend.add, pend.base, pend.deadlines, pend.leases, pend.lists, pend.order = 0, nil, {}, {}, {}, {}
-  pend.callers, pend.owned = {}, {}
-end
-
--- A count in the metrics hashes for the task type's lane and type.
-local function admit_count(c, kind, extra)
-  count_to(c.metrics_total, c.metrics_minute, kind .. '|' .. c.lane .. '|' .. c.task_type .. (extra or ''))
-end
-
--- A refusal after the task was counted in the lane's depth: count it out again.
-local function admit_reject(c, pend, waiting_key, depth, reason)
-  if pend then
-    pend.add = pend.add - 1
-  elseif tonumber(redis.call('DECR', waiting_key)) < 0 then
-    redis.call('DEL', waiting_key)
-  end
-  admit_count(c, 'rejected', '|' .. reason)
-  return 'rej', reason, depth
-end
-
--- The debounced task ``id`` (its ``record``) replaced by ``by``, cancelled as cancel.lua cancels:
--- its id and chat when it was (the caller stores its REVOKED row), else nil.
-local function replace_held(c, record, id, by)
-  local now = tonumber(c.now_ms)
-  local lease_until = now + tonumber(c.queued_lease_ms)
-  lim_setup(c.limit_prefix, c.lane_prefix, c.metrics_total, c.metrics_minute, now, c.leases, lease_until)
-  local detail = 'replaced by ' .. by
-  local p = {now = now, detail_json = cjson.encode(detail), detail_text = detail, tombstone_prefix = TOMBSTONE_PREFIX,
-    tombstone_ttl_s = c.tombstone_ttl_s, settle_lease_ms = c.settle_lease_ms, lease_until = lease_until,
-    chat_prefix = CHAT_PREFIX, chat_waiting_prefix = CHAT_WAITING_PREFIX, delayed_prefix = DELAYED_PREFIX,
-    lane_prefix = c.lane_prefix, leases = c.leases, deadlines = c.deadlines, chats = c.chats,
-    metrics_total = c.metrics_total, metrics_minute = c.metrics_minute, only_lane = '', waiting_only = true}
-  local outcome, _, _, _, chat = cancel_record(p, record, id)
-  if outcome ~= 'cancelled' then return nil, nil end
-  return id, chat or ''
-end
+--
+-- What a plain item never runs (pend_flush and the rest of the deferred writes, the refusals, a debounce's
+-- replacement, a limit's gate) is in _admit_rare.lua, reached as ``admit_rare().fn``: made only by a call
+-- that needs it (admit.lua's ``--! lazy`` line).
 
 -- Returns the item's reply as values, not a table (admit.lua builds the one it sends):
 -- status, then ('dup'|'conflict') task id, ('rej') reason and depth, or ('ok') position,
@@ -108,7 +42,7 @@ if digest ~= '' and not c.replace_idempotency then
   end
   if earlier[1] then
     if earlier[2] ~= digest then
-      admit_count(c, 'rejected', '|idempotency_conflict')
+      admit_rare().admit_count(c, 'rejected', '|idempotency_conflict')
       return 'conflict', earlier[1]
     end
     return 'dup', earlier[1]
@@ -133,7 +67,7 @@ local due = it.due_ms == '0' and 0 or tonumber(it.due_ms)
 local waiting_key = c.lane_prefix .. c.lane .. LANE_WAITING_SUFFIX
 -- Deferred writes serve an item published directly; any other flushes what is pending first.
 if pend and (it.limits ~= '' or due > 0) then
-  pend_flush(pend, waiting_key, c.deadlines, c.leases)
+  admit_rare().pend_flush(pend, waiting_key, c.deadlines, c.leases)
   pend = nil
 end
 
@@ -147,11 +81,11 @@ else
   depth = redis.call('INCR', waiting_key) - 1
 end
 
-if c.accepting ~= '1' then return admit_reject(c, pend, waiting_key, depth, 'lane_closed') end
-if depth >= c.capacity then return admit_reject(c, pend, waiting_key, depth, 'lane_full') end
+if c.accepting ~= '1' then return admit_rare().admit_reject(c, pend, waiting_key, depth, 'lane_closed') end
+if depth >= c.capacity then return admit_rare().admit_reject(c, pend, waiting_key, depth, 'lane_full') end
 -- A token's tasks waiting in the lane (_lib.lua's caller_of) at most its share (``caller_quota``, 0: none).
 local caller = caller_of(record)
-if caller and c.caller_quota > 0 then
+if caller and tonumber(c.caller_quota) > 0 then
   local owned
   if pend then
     if not pend.owned[caller] then
@@ -161,7 +95,9 @@ if caller and c.caller_quota > 0 then
   else
     owned = tonumber(redis.call('HGET', c.lane_prefix .. c.lane .. LANE_CALLERS_SUFFIX, caller) or '0')
   end
-  if owned >= c.caller_quota then return admit_reject(c, pend, waiting_key, depth, 'caller_quota') end
+  if owned >= tonumber(c.caller_quota) then
+    return admit_rare().admit_reject(c, pend, waiting_key, depth, 'caller_quota')
+  end
 end
 
 -- A debounce replaces the task still waiting for its key (cancel.lua's cancel_record): only once
@@ -170,19 +106,19 @@ local replaced, replaced_chat = nil, nil
 if held then
   if chat_id ~= '' then
     local frees = held[3] == chat_id and 1 or 0
-    if redis.call('LLEN', it.chat_queue) - frees >= c.chat_queue_size then
-      return admit_reject(c, pend, waiting_key, depth, 'chat_queue_full')
+    if redis.call('LLEN', it.chat_queue) - frees >= tonumber(c.chat_queue_size) then
+      return admit_rare().admit_reject(c, pend, waiting_key, depth, 'chat_queue_full')
     end
   end
-  replaced, replaced_chat = replace_held(c, held[2], held[1], task_id)
+  replaced, replaced_chat = admit_rare().replace_held(c, held[2], held[1], task_id)
 end
 
 local position = depth + 1
 local publish = true
 if chat_id ~= '' then
   local backlog = redis.call('LLEN', it.chat_queue)
-  if backlog >= c.chat_queue_size then
-    return admit_reject(c, pend, waiting_key, depth, 'chat_queue_full')
+  if backlog >= tonumber(c.chat_queue_size) then
+    return admit_rare().admit_reject(c, pend, waiting_key, depth, 'chat_queue_full')
   end
   redis.call('RPUSH', it.chat_queue, task_id)
   redis.call('ZINCRBY', c.chats, 1, chat_id)
@@ -195,7 +131,8 @@ end
 
 -- Every task waiting in the lane is counted ahead, whatever its priority (an estimate's input).
 local ahead = depth
-local queue_key = c.lists[tonumber(it.kombu_priority) + 1]
+-- Its list: kombu priority '0'..'9' (one digit) is list 1..10, its byte less 47 (no strtod, as tonumber would run).
+local queue_key = c.lists[string.byte(it.kombu_priority) - 47]
 -- An unlimited task due now that is its chat's head (or has no chat) is published right
 -- here: publish_record's work, without reading back the record just written.
 local direct = publish and it.limits == '' and due <= 0
@@ -228,14 +165,9 @@ if due > 0 then
 end
 if it.limits ~= '' then
   redis.call('HSET', record, 'lim', it.limits, 'kp', it.kombu_priority)
-  if publish then
-    local now = tonumber(c.now_ms)
-    lim_setup(c.limit_prefix, c.lane_prefix, c.metrics_total, c.metrics_minute, now, c.leases,
-      now + tonumber(c.queued_lease_ms))
-    gate_publish(record, it.limits, c.lane, it.kombu_priority)
-  end
+  if publish then admit_rare().admit_gate(c, record, it) end
 elseif direct then
-  local tagged = list_item(record, 1)
+  local tagged = list_item(record, '1')  -- text: a number would be formatted by sprintf
   if pend then
     local list = pend.lists[queue_key]
     if not list then
@@ -257,7 +189,7 @@ elseif direct then
 end
 if it.dedupe_key then
   -- A throttle's key is held for its window; a debounce's while its task may still wait (its deadline).
-  local until_ms = c.dedupe == 'throttle' and string.format('%.0f', tonumber(c.now_ms) + c.dedupe_window_ms)
+  local until_ms = c.dedupe == 'throttle' and string.format('%.0f', tonumber(c.now_ms) + tonumber(c.dedupe_window_ms))
     or it.deadline_ms
   redis.call('HSET', it.dedupe_key, 'task', task_id, 'rec', record, 'chat', chat_id, 'until', until_ms)
   redis.call('PEXPIREAT', it.dedupe_key, until_ms)

@@ -105,6 +105,8 @@ end
 -- Moved here with the lane's count, so it too moves exactly when the set does; a field that
 -- reaches 0 goes (below 0: dropped, never negative). callers_audit.lua recounts a lost one.
 local function caller_of(record)
+  -- A plain find first: most records name no token, and the pattern is tried at every position of the key.
+  if not string.find(record, ':tk', 1, true) then return nil end
   return string.match(record, ':tk(%d+)%-[^:]*$')
 end
 

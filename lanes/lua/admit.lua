@@ -45,7 +45,7 @@
 --   {'rej', reason, depth}, {'dup', task_id} (also a throttle's: the first's id) or {'conflict', task_id};
 --   ``inputs``: the lane's estimate inputs {completed this minute, completed the
 --   previous minute, handler seconds this minute, the previous minute's, paused 0/1,
---   live consumers}, read once a call by the first item admitted ({} when none was,
+--   live consumers}, read once a call by the first item admitted (nil when none was,
 --   or read_estimate is '0'; the completions and handler seconds '0', unread, for a lane
 --   paused or with no live consumer: its estimate says so without them). lanes/lua/admit.py
 --   decodes all of it.
@@ -68,11 +68,13 @@ local c = {
   deadlines = KEYS[9], paused_lanes = KEYS[10], consumers = KEYS[11],
   lists = {KEYS[12], KEYS[13], KEYS[14], KEYS[15], KEYS[16], KEYS[17], KEYS[18], KEYS[19], KEYS[20], KEYS[21]},
   version = ARGV[1], now_ms = ARGV[2], lane = ARGV[3], task_type = ARGV[4], accepting = ARGV[5],
-  capacity = tonumber(ARGV[6]), chat_queue_size = tonumber(ARGV[7]), idempotency_window_s = ARGV[8],
+  capacity = tonumber(ARGV[6]), chat_queue_size = ARGV[7], idempotency_window_s = ARGV[8],
   queued_lease_ms = ARGV[9], replace_idempotency = ARGV[10] == '1', limit_prefix = ARGV[11],
-  lane_prefix = ARGV[12], read_estimate = ARGV[13] == '1', dedupe = ARGV[14], dedupe_window_ms = tonumber(ARGV[15]),
-  tombstone_ttl_s = tonumber(ARGV[16]), settle_lease_ms = tonumber(ARGV[17]), caller_quota = tonumber(ARGV[18]),
+  lane_prefix = ARGV[12], read_estimate = ARGV[13] == '1', dedupe = ARGV[14], dedupe_window_ms = ARGV[15],
+  tombstone_ttl_s = ARGV[16], settle_lease_ms = ARGV[17], caller_quota = ARGV[18],
 }
+-- Numbers but the capacity stay text, each converted on the path that uses it: a tonumber is a strtod
+-- (about 1K instructions), and a plain item uses none of them.
 local items = (#ARGV - SHARED_ARGS) / ITEM_ARGS
 
 -- Item ``n`` (0-based) into ``it`` (one table, reused), its keys from KEYS[k]; returns the next item's k.
@@ -98,7 +100,7 @@ local function read_item(it, n, k)
   return k
 end
 
---! include _cancel.lua
+--! lazy _admit_rare.lua as admit_rare
 --! include _admit.lua
 
 local version = redis.call('GET', c.config_version) or '0'
@@ -107,10 +109,15 @@ if version ~= c.version then
 end
 
 -- Deferred shared writes only when there are items to share them.
-local pend = items > 1 and pend_new() or nil
-local replies = {{}}
+local pend = items > 1 and admit_rare().pend_new() or nil
+-- false (a nil reply) until the estimate inputs are read: an empty table would cost Redis a table's
+-- conversion (it probes each table of a reply for err, ok, double, ...: about 2.6K instructions).
+local replies = {false}
 local estimate = nil  -- an 'ok' reply's inputs, read once
-local it = {}
+-- Its fields named at once: a table sized for them (filled one by one, it would be rehashed four times).
+local it = {task_id = nil, message = nil, kombu_priority = nil, chat = nil, digest = nil, deadline_ms = nil,
+  limits = nil, due_ms = nil, record = nil, idempotency = nil, legacy_idempotency = nil, chat_queue = nil,
+  dedupe_key = nil}
 local k = SHARED_KEYS + 1
 for n = 0, items - 1 do
   k = read_item(it, n, k)
@@ -132,6 +139,6 @@ for n = 0, items - 1 do
     replies[n + 2] = {status, position, depth}  -- ('rej', reason, depth), ('dup'|'conflict', task id)
   end
 end
-if pend then pend_flush(pend, c.lane_prefix .. c.lane .. LANE_WAITING_SUFFIX, c.deadlines, c.leases) end
+if pend then admit_rare().pend_flush(pend, c.lane_prefix .. c.lane .. LANE_WAITING_SUFFIX, c.deadlines, c.leases) end
 if estimate then replies[1] = estimate end
 return replies

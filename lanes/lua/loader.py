@@ -4,7 +4,8 @@
 Each EVALSHA runs a script's top level again, which re-creates every ``local function`` closure ahead of
 its body: prelude + the whole ``_lib.lua`` cost about 46K instructions a call (callgrind). So a script carries only the
 ``_lib.lua`` blocks (top-level ``local function NAME(`` / ``local NAME =``) and constants it names,
-transitively, in their order (``select_lib``): its text is a subset of prelude + ``_lib.lua`` + body.
+transitively, in their order (``select_lib``): its text is a subset of prelude + ``_lib.lua`` + body. What only a
+rare path needs can be made only by a call that takes it (``LAZY``: admit.lua's refusals, limits, debounce).
 
 The scripts live beside this module, each with one typed Python wrapper
 (``lanes/lua/admit.py`` for ``admit.lua``, ...): the wrapper is the only code
@@ -142,22 +143,86 @@ def _prelude_blocks() -> list[LibBlock]:
             for name, line in zip(keys.LUA_CONSTANTS, prelude().splitlines(keepends=True), strict=True)]
 
 
-def _body(name: str, folder: Path) -> str:
-    lines = (folder / f"{name}.lua").read_text().splitlines(keepends=True)
+def _expanded(text: str, folder: Path) -> str:
+    """``text`` with each ``--! include`` line replaced by the file it names."""
     return "".join(
         (folder / line[len(INCLUDE):].strip()).read_text() + "\n" if line.startswith(INCLUDE) else line
-        for line in lines
+        for line in text.splitlines(keepends=True)
     )
+
+
+def _body(name: str, folder: Path) -> str:
+    return _expanded((folder / f"{name}.lua").read_text(), folder)
+
+
+#: A script's line ``--! lazy _file.lua as NAME``: the file's code (its includes filled in) and the ``_lib.lua``
+#: blocks and constants only it uses go inside ``local function NAME()``, which makes them at its first call in a
+#: script call and returns the file's top-level functions by name (``NAME().fn(...)``). Lua makes every
+#: ``local function`` of a script again at each call (a closure, and an upvalue for each local it names: about
+#: 110K of admit.lua's 253K instructions for a plain item, docs/redis-budget.md); what only a rare path needs
+#: is then made only by a call that takes that path.
+LAZY = re.compile(r"^--! lazy (?P<file>\S+) as (?P<name>[A-Za-z_][A-Za-z0-9_]*)[ \t]*\n", re.M)
+#: The first and last lines of a lazy section as loaded (tests cut the section out by them).
+LAZY_BEGIN = "local function {name}()  --! lazy {file}\n"
+LAZY_END = "end  --! end lazy {name}\n"
+_TOP_FUNCTION = re.compile(r"^local function ([A-Za-z_][A-Za-z0-9_]*)\(", re.M)
+
+
+class LazySection(NamedTuple):
+    """One ``--! lazy`` line of a script's body: the line, the function's name, its file and the file's code."""
+
+    line: str
+    name: str
+    file: str
+    text: str
+
+
+def lazy_sections(body: str, folder: Path) -> list[LazySection]:
+    """The ``--! lazy`` sections of a script's ``body`` (``_body``), in order."""
+    return [LazySection(found[0], found["name"], found["file"], _expanded((folder / found["file"]).read_text(),
+                                                                          folder))
+            for found in LAZY.finditer(body)]
+
+
+def _lazy_text(section: LazySection, blocks: list[LibBlock]) -> str:
+    """The function a lazy section becomes, with ``blocks`` (its constants first) inside it."""
+    exports = ", ".join(f"{fn} = {fn}" for fn in _TOP_FUNCTION.findall(section.text))
+    constants = "".join(block.text for block in blocks if block.name in keys.LUA_CONSTANTS)
+    functions = "".join(block.text for block in blocks if block.name not in keys.LUA_CONSTANTS)
+    return (f"local {section.name}_made = nil\n" + LAZY_BEGIN.format(name=section.name, file=section.file)
+            + f"  if {section.name}_made then return {section.name}_made end\n"
+            + constants + functions + "\n" + section.text
+            + f"  {section.name}_made = {{{exports}}}\n  return {section.name}_made\n"
+            + LAZY_END.format(name=section.name))
+
+
+def split_lazy(source: str) -> tuple[str, list[str]]:
+    """A loaded script's text without its lazy sections' functions, and those functions (each from the ``_made``
+    line above its ``LAZY_BEGIN`` to its ``LAZY_END``), in order."""
+    found = [match[0] for match in _LAZY_MADE.finditer(source)]
+    top = source
+    for text in found:
+        top = top.replace(text, "", 1)
+    return top, found
+
+
+_LAZY_MADE = re.compile(r"^local (\w+)_made = nil\nlocal function \1\(\)  --! lazy .*?^end  --! end lazy \1\n",
+                        re.M | re.S)
 
 
 @cache
 def _source(name: str, directory: Path | None = None) -> str:
-    """Script ``name``'s text as loaded: the prelude constants and ``_lib.lua`` blocks it uses, then its body."""
+    """Script ``name``'s text as loaded: the prelude constants and ``_lib.lua`` blocks it uses, then its body, each
+    ``--! lazy`` line replaced by its function (``LAZY``), which holds the blocks and constants only it uses."""
     folder = directory or SCRIPT_DIR
     body = _body(name, folder)
     lib = folder / "_lib.lua"
     header, blocks = parse_lib(lib.read_text()) if lib.exists() else ("", [])
-    chosen = select_lib(_prelude_blocks() + blocks, body)
+    available = _prelude_blocks() + blocks
+    chosen = select_lib(available, body)
+    for section in lazy_sections(body, folder):
+        inner = [block for block in select_lib(available, section.text) if block not in chosen]
+        body = body.replace(section.line, _lazy_text(section, inner), 1)
     constants = "".join(block.text for block in chosen if block.name in keys.LUA_CONSTANTS)
     if not lib.exists():
         return constants + body

@@ -38,7 +38,7 @@ def _no_send(signal, info) -> None:
 def enable() -> None:
     """Strip the metrics from scripts loaded from now on, and stop sending signals."""
     # Read from the files: a script's source holds only the _lib.lua functions it uses (observe: none).
-    lua = (loader.SCRIPT_DIR / "_lib.lua").read_text() + (loader.SCRIPT_DIR / "_admit.lua").read_text()
+    lua = "".join((loader.SCRIPT_DIR / name).read_text() for name in ("_lib.lua", "_admit.lua", "_admit_rare.lua"))
     missing = [head for head in COUNTING_FUNCTIONS if head not in lua]
     assert not missing, f"the scripts' counting helpers changed, update this module: {missing}"
     loader._source = functools.cache(stripped_source)

@@ -53,9 +53,12 @@ def test_the_prelude_names_each_constant_with_its_value_in_python():
     prelude = loader.prelude()
     for name in keys.LUA_CONSTANTS:
         assert f"local {name} = '{getattr(keys, name)}'\n" in prelude
-    source = loader._source("admit")  # the constants it uses, in the prelude's order, first
+    source, lazy = loader.split_lazy(loader._source("admit"))  # the constants it uses, in the prelude's order, first
     used = [line for line in prelude.splitlines(keepends=True) if line in source]
     assert used and source.startswith("".join(used))
+    for section in lazy:  # and a lazy section's own, first in its function
+        used = [line for line in prelude.splitlines(keepends=True) if line in section]
+        assert used and "".join(section.splitlines(keepends=True)[3:3 + len(used)]) == "".join(used)
 
 
 def test_the_keys_built_in_python_use_the_same_suffixes():
