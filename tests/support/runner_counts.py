@@ -65,7 +65,30 @@ _notify = threading.Condition.notify
 def _counting_notify(self, n=1):
     if getattr(_in_submit, "on", False):
         _add("submit_notifies")
+    if self._waiters and getattr(self, "_counted_runner", False):
+        _add("wakeups", min(n, len(self._waiters)))
     return _notify(self, n)
+
+
+_init = grouping.Runner.__init__
+
+
+def _counting_init(self, consumer):
+    _init(self, consumer)
+    self._work._counted_runner = True
+    self._work._runner = self
+
+
+_wait = threading.Condition.wait
+
+
+def _counting_wait(self, timeout=None):
+    out = _wait(self, timeout)
+    runner = getattr(self, "_runner", None)
+    if runner is not None:
+        useful = runner._ready or (not runner._calling and (runner._fresh or runner._pending))
+        _add("woke_to_work" if useful else "woke_to_nothing")
+    return out
 
 
 _submit = grouping.Runner.submit
@@ -117,6 +140,8 @@ def _counting_take(self, lane, bits):
 
 
 threading.Condition.notify = _counting_notify  # type: ignore[method-assign]
+threading.Condition.wait = _counting_wait  # type: ignore[method-assign]
+grouping.Runner.__init__ = _counting_init  # type: ignore[method-assign]
 grouping.Runner.submit = _counting_submit  # type: ignore[method-assign]
 grouping.Runner._finish = _counting_finish  # type: ignore[method-assign]
 Consumer.call_soon_ack = _counting_call_soon_ack  # type: ignore[method-assign]
