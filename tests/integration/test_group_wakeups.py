@@ -33,9 +33,10 @@ def test_a_burst_wakes_run_threads_once_a_pop_and_each_group_is_acked_in_one_cal
     counts = read(rc, worker.pid)
     counts.subtract(before)
     assert counts["submits"] == n and counts["acks"] == n, counts
-    # Before: one notify a message handed to the runner (n); now at most one a pop, none while a thread
-    # woken for an earlier message has not taken it yet.
-    assert counts["submit_notifies"] <= counts["pops"] and counts["submit_notifies"] < n / 4, counts
+    # Before: one notify a message handed to the runner (n); now about one a pop (more only when a thread
+    # woken for an earlier message took it while the same pop was still being delivered), none while a
+    # thread woken for an earlier message has not taken it yet.
+    assert counts["submit_notifies"] < n / 4, counts
     # Every task finished in a group (group commit: several a call under a burst), each group acked in one
     # callback on the event loop (before: one callback a message, as many as the tasks).
     assert counts["finished_items"] == n and counts["finish_calls"] < n, counts
