@@ -204,6 +204,9 @@ class Runner:
         self._threads = 0
         self._idle_threads = 0  # run threads waiting for work
         self._waking = 0  # of those, the ones woken that have not returned from their wait yet (``_wake_next``)
+        # Run threads in code that may take long (a handler, its signals and hooks, a group's finish): the others
+        # (not waiting either) come back for work without running any, at most after a claim call.
+        self._busy = 0
         self._seq = 0
         self._pop_seq = 0
         #: The handlers whose messages this runner takes (their strategies are this module's).
@@ -312,20 +315,22 @@ class Runner:
         with self._work:
             self._in_flight += 1
             (self._ready if item.claimed else self._fresh).append(item)
-            if not self._waking:  # a thread woken for earlier work wakes the next itself (``_wake_next``)
-                self._wake_next()
+            self._wake_next()  # unless a thread woken earlier, or not busy, will take it
 
     def _wake_next(self) -> None:
         """Under the mutex: wake one waiting run thread when work is left that no thread is about to take.
 
-        One wake-up at a time: the thread woken takes one piece of work and, before running it, wakes the
-        next if work is still left (so a slow handler never holds back the work behind it), and a thread
-        that comes back from a run takes the next piece without one. The event loop so wakes one thread a
-        burst of messages, not one a message (a wake-up is a futex call, then a thread waiting for the GIL
-        the loop holds).
+        One wake-up at a time, and only when every other run thread is waiting or busy (``_busy``: in a
+        handler, its signals, a group's finish): a thread woken earlier, or one between two pieces of work
+        or in a claim call, takes the work without a wake-up. A thread that takes work becomes busy and,
+        before it runs it, wakes the next if work is still left, so a handler (slow or not) never holds back
+        the work behind it; what may wait is a claim call in progress, as unclaimed work always did. The
+        event loop so wakes one thread a burst of messages, not one a message, and a burst wakes the
+        threads it needs rather than one a message, most of which found their work taken (a wake-up is a
+        futex call, then a thread waiting for the GIL).
         """
-        if self._idle_threads > self._waking and (
-                self._ready or (not self._calling and (self._fresh or self._pending))):
+        if (not self._waking and self._idle_threads > 0 and self._threads - self._busy - self._idle_threads <= 0
+                and (self._ready or (not self._calling and (self._fresh or self._pending)))):
             self._waking += 1
             self._work.notify()
 
@@ -355,6 +360,7 @@ class Runner:
         thread runs the first claimed item itself (no hand-off in steady flow), the others go to the threads
         waiting."""
         mine: Item | None = None
+        busy = False
         try:
             now = time.time()
             if fresh and self.stopping:
@@ -369,14 +375,18 @@ class Runner:
                 claimed, finished = self._claim(fresh, folded, now)
                 if claimed:
                     mine = claimed[0]
-                    if len(claimed) > 1:
-                        with self._work:
-                            self._ready.extend(claimed[1:])
-                            self._wake_next()
+            with self._work:  # busy from here: the group's finish (signals, hooks), then the first item
+                busy = True
+                self._busy += 1
+                if mine is not None:
+                    self._ready.extend(claimed[1:])
+                self._wake_next()
             if done:
                 self._finish(done, finished, now)
         finally:
             with self._work:
+                if not busy:
+                    self._busy += 1  # as ``_run_forever`` counts it back
                 self._calling = False
                 self._wake_next()
         if mine is not None:
@@ -431,10 +441,14 @@ class Runner:
         self._start("dispatch-run", self._run_forever)
 
     def _run_forever(self) -> None:
+        busy = False
         while True:
             fresh: list[Item] = []
             done: list[tuple[Item, Any, str]] = []
             with self._work:
+                if busy:  # back from a run or a step
+                    self._busy -= 1
+                    busy = False
                 while True:
                     # A thread that came back from an abandoned attempt leaves when its replacement runs.
                     if self._threads > self.size + self.stuck:
@@ -443,6 +457,7 @@ class Runner:
                         return
                     if self._ready:
                         item: Item | None = self._ready.popleft()
+                        self._busy += 1
                         self._wake_next()  # before this thread runs its own: the rest must not wait for it
                         break
                     if not self._calling and (self._fresh or self._pending):
@@ -457,6 +472,7 @@ class Runner:
                     self._work.wait()  # returns only when notified (``_wake_next``): one wake-up taken
                     self._idle_threads -= 1
                     self._waking -= 1
+            busy = True  # counted in ``_busy`` by the branch taken (``_step`` counts itself after its claim)
             if item is None:
                 self._step(fresh, done)
             else:

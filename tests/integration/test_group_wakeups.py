@@ -1,7 +1,8 @@
 """What a grouping worker's event loop does per message, counted in a real thread-pool worker
 (``tests.support.runner_counts``, loaded through ``DISPATCH_HOOK_MODULES``): it wakes a run thread once a burst,
 not once a message (the thread woken wakes the next), and a group's successes are acked in one callback on the
-loop, not one a message. Counted, never timed."""
+loop, not one a message; a run thread is woken only when no other is free to take the work. Counted, never
+timed."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def test_a_burst_wakes_run_threads_once_a_pop_and_each_group_is_acked_in_one_cal
     # woken for an earlier message took it while the same pop was still being delivered), none while a
     # thread woken for an earlier message has not taken it yet.
     assert counts["submit_notifies"] < n / 4, counts
+    # A thread is woken only when every other one is waiting or busy (in a handler, its signals, a finish):
+    # before, 244-318 wake-ups for 400 tasks, 86 % of them finding their work already taken; now about 100.
+    assert counts["wakeups"] < 0.4 * n, counts
     # Every task finished in a group (group commit: several a call under a burst), each group acked in one
     # callback on the event loop (before: one callback a message, as many as the tasks).
     assert counts["finished_items"] == n and counts["finish_calls"] < n, counts
