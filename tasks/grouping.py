@@ -141,6 +141,8 @@ class Item:
     def __init__(self, attempt: Attempt, message: Any, ack: Any, reject: Any, name: str) -> None:
         self.attempt = attempt
         self.message = message
+        # Celery's ack and reject promises for a message its dispatch gave the strategy; None for one the pop
+        # handed over (``_take``): then the consumer's ``call_soon_ack`` of the message's own.
         self.ack = ack
         self.reject = reject
         self.name = name  # the task type (the message's shadow name): what Flower shows
@@ -201,6 +203,10 @@ class Runner:
         self._idle = threading.Condition(self._mutex)
         self._threads = 0
         self._idle_threads = 0  # run threads waiting for work
+        self._waking = 0  # of those, the ones woken that have not returned from their wait yet (``_wake_next``)
+        # Run threads in code that may take long (a handler, its signals and hooks, a group's finish): the others
+        # (not waiting either) come back for work without running any, at most after a claim call.
+        self._busy = 0
         self._seq = 0
         self._pop_seq = 0
         #: The handlers whose messages this runner takes (their strategies are this module's).
@@ -260,10 +266,9 @@ class Runner:
         to kombu's consumer as it would have been, and so to Celery's own path."""
         consumer = self.consumer
         task = consumer.app.tasks[message.headers["task"]]
-        # What Celery's dispatch gives a strategy: the ack and reject, each sent from the event loop's thread.
-        ack = functools.partial(consumer.call_soon_ack, message.ack_log_error)
-        reject = functools.partial(consumer.call_soon_ack, message.reject_log_error)
-        item = self.item_of(task, message, ack, reject)
+        # No ack or reject of its own: the consumer's, sent from the event loop's thread as Celery's dispatch
+        # sends a strategy's (``_ack``: a group's successes in one callback).
+        item = self.item_of(task, message, None, None)
         if item is None or (self.stopping and not item.claimed):
             consumer.task_consumer._receive_callback(message)
             return
@@ -310,6 +315,23 @@ class Runner:
         with self._work:
             self._in_flight += 1
             (self._ready if item.claimed else self._fresh).append(item)
+            self._wake_next()  # unless a thread woken earlier, or not busy, will take it
+
+    def _wake_next(self) -> None:
+        """Under the mutex: wake one waiting run thread when work is left that no thread is about to take.
+
+        One wake-up at a time, and only when every other run thread is waiting or busy (``_busy``: in a
+        handler, its signals, a group's finish): a thread woken earlier, or one between two pieces of work
+        or in a claim call, takes the work without a wake-up. A thread that takes work becomes busy and,
+        before it runs it, wakes the next if work is still left, so a handler (slow or not) never holds back
+        the work behind it; what may wait is a claim call in progress, as unclaimed work always did. The
+        event loop so wakes one thread a burst of messages, not one a message, and a burst wakes the
+        threads it needs rather than one a message, most of which found their work taken (a wake-up is a
+        futex call, then a thread waiting for the GIL).
+        """
+        if (not self._waking and self._idle_threads > 0 and self._threads - self._busy - self._idle_threads <= 0
+                and (self._ready or (not self._calling and (self._fresh or self._pending)))):
+            self._waking += 1
             self._work.notify()
 
     def _received(self, item: Item) -> None:
@@ -326,7 +348,8 @@ class Runner:
         """Celery's ``task_received``, sent as its strategy sends it: by the consumer, with a ``Request`` of
         the message (built only for a listener: the grouped path runs without one)."""
         consumer = self.consumer
-        request = CeleryRequest(item.message, on_ack=item.ack, on_reject=item.reject, hostname=self.hostname,
+        request = CeleryRequest(item.message, on_ack=self._acker(item), on_reject=self._rejecter(item),
+                                hostname=self.hostname,
                                 app=consumer.app, task=item.attempt.task,
                                 connection_errors=consumer.connection_errors)
         celery_signals.task_received.send(sender=consumer, request=request)
@@ -337,6 +360,7 @@ class Runner:
         thread runs the first claimed item itself (no hand-off in steady flow), the others go to the threads
         waiting."""
         mine: Item | None = None
+        busy = False
         try:
             now = time.time()
             if fresh and self.stopping:
@@ -351,17 +375,20 @@ class Runner:
                 claimed, finished = self._claim(fresh, folded, now)
                 if claimed:
                     mine = claimed[0]
-                    if len(claimed) > 1:
-                        with self._work:
-                            self._ready.extend(claimed[1:])
-                            self._work.notify(len(claimed) - 1)
+            with self._work:  # busy from here: the group's finish (signals, hooks), then the first item
+                busy = True
+                self._busy += 1
+                if mine is not None:
+                    self._ready.extend(claimed[1:])
+                self._wake_next()
             if done:
                 self._finish(done, finished, now)
         finally:
             with self._work:
+                if not busy:
+                    self._busy += 1  # as ``_run_forever`` counts it back
                 self._calling = False
-                if self._fresh or self._pending:
-                    self._work.notify()
+                self._wake_next()
         if mine is not None:
             self._run(mine)
 
@@ -414,19 +441,24 @@ class Runner:
         self._start("dispatch-run", self._run_forever)
 
     def _run_forever(self) -> None:
+        busy = False
         while True:
             fresh: list[Item] = []
             done: list[tuple[Item, Any, str]] = []
             with self._work:
+                if busy:  # back from a run or a step
+                    self._busy -= 1
+                    busy = False
                 while True:
                     # A thread that came back from an abandoned attempt leaves when its replacement runs.
                     if self._threads > self.size + self.stuck:
                         self._threads -= 1
-                        if self._ready or self._fresh or self._pending:
-                            self._work.notify()
+                        self._wake_next()
                         return
                     if self._ready:
                         item: Item | None = self._ready.popleft()
+                        self._busy += 1
+                        self._wake_next()  # before this thread runs its own: the rest must not wait for it
                         break
                     if not self._calling and (self._fresh or self._pending):
                         self._calling = True
@@ -434,10 +466,13 @@ class Runner:
                         while self._fresh and len(fresh) < GROUP_MAX:
                             fresh.append(self._fresh.popleft())
                         done, self._pending[:GROUP_MAX] = self._pending[:GROUP_MAX], []
+                        self._wake_next()
                         break
                     self._idle_threads += 1
-                    self._work.wait()
+                    self._work.wait()  # returns only when notified (``_wake_next``): one wake-up taken
                     self._idle_threads -= 1
+                    self._waking -= 1
+            busy = True  # counted in ``_busy`` by the branch taken (``_step`` counts itself after its claim)
             if item is None:
                 self._step(fresh, done)
             else:
@@ -635,8 +670,7 @@ class Runner:
             count_batch(field, ok_by_field[field], Latencies.of(elapsed), sum(elapsed), Latencies({}, 0.0),
                         finished_at)
         self._rows(rows)
-        for item, result, _ in rows:
-            self._end(item, value=result, state=states.SUCCESS)
+        self._ack([item for item, result, _ in rows if self._close(item, value=result, state=states.SUCCESS)])
 
     def _rows(self, rows: list[tuple[Item, Any, str]]) -> None:
         """Result rows in one statement; then their finished records may be settled."""
@@ -646,9 +680,14 @@ class Runner:
                 for item, value, state in rows], rows[0][0].attempt.book)
 
     def _end(self, item: Item, value: Any = None, state: str | None = None) -> None:
-        """The message is done with: acked (its record tracks the task from here), events and signals sent."""
+        """The message is done with: events and signals sent, then acked (its record tracks the task from here)."""
+        if self._close(item, value, state):
+            self._ack([item])
+
+    def _close(self, item: Item, value: Any = None, state: str | None = None) -> bool:
+        """Its events and signals sent; False if it was done with already (nothing sent, nothing to ack)."""
         if item.done:
-            return
+            return False
         item.done = True
         attempt = item.attempt
         tracing.end_attempt(attempt)
@@ -667,23 +706,50 @@ class Runner:
                                                  kwargs={"payload": attempt.payload}, retval=value, state=state)
         finally:
             task.pop_request()
+        return True
+
+    def _ack(self, items: list[Item]) -> None:
+        """Their messages acked, in order, from the event loop's thread as Celery's dispatch acks: the ones the
+        pop handed over (``_take``) in one callback (a group's successes: one ``call_soon_ack`` and one wake-up
+        of the loop, not one a message), each of the others by its own promise (Celery's, which may restore
+        the prefetch count after a reconnect). Stopping, here (the event loop waits for ``drain``; a leased
+        message's ack is in memory)."""
+        if not items:
+            return
+        errors = self.connection_errors
         try:
-            if self.stopping:  # the event loop waits for drain(): ack here (a leased message's ack is in memory)
-                item.message.ack_log_error(logger, self.connection_errors)
+            if self.stopping:
+                _ack_messages([item.message for item in items], errors)
             else:
-                item.ack(logger, self.connection_errors)
+                handed = [item.message for item in items if item.ack is None]
+                if handed:
+                    self.consumer.call_soon_ack(_ack_messages, handed, errors)
+                for item in items:
+                    if item.ack is not None:
+                        item.ack(logger, errors)
         except Exception:
-            logger.warning("ack_failed task=%s", attempt.task_id, exc_info=True)
+            logger.warning("ack_failed tasks=%s", ",".join(item.attempt.task_id for item in items), exc_info=True)
         with self._mutex:
-            self._in_flight -= 1
+            self._in_flight -= len(items)
             if self._in_flight <= 0:
                 self._idle.notify_all()
+
+    def _acker(self, item: Item) -> Callable[..., Any]:
+        """The item's ack as Celery's dispatch would have given it (a ``Request``'s ``on_ack``)."""
+        if item.ack is not None:
+            return item.ack
+        return functools.partial(self.consumer.call_soon_ack, item.message.ack_log_error)
+
+    def _rejecter(self, item: Item) -> Callable[..., Any]:
+        if item.reject is not None:
+            return item.reject
+        return functools.partial(self.consumer.call_soon_ack, item.message.reject_log_error)
 
     def _hand_back(self, item: Item) -> None:
         """Not claimed, and the worker is stopping: the message goes back to its lane for another worker."""
         item.done = True
         try:
-            item.reject(logger, self.connection_errors, requeue=True)
+            self._rejecter(item)(logger, self.connection_errors, requeue=True)
         except Exception:
             logger.warning("hand_back_failed task=%s", item.attempt.task_id, exc_info=True)
         with self._mutex:
@@ -733,6 +799,16 @@ def request_context(**fields: Any) -> CeleryContext:
         both = isinstance(limits, (list, tuple)) and len(limits) >= 2
         request.time_limit, request.soft_time_limit = (limits[0], limits[1]) if both else (None, None)
     return request
+
+
+def _ack_messages(messages: list[Any], errors: tuple[type[BaseException], ...]) -> None:
+    """Ack each of ``messages`` (kombu's ``ack_log_error``), on the event loop's thread: one failing does not
+    keep the others from theirs."""
+    for message in messages:
+        try:
+            message.ack_log_error(logger, errors)
+        except Exception:
+            logger.warning("ack_failed tag=%s", getattr(message, "delivery_tag", "?"), exc_info=True)
 
 
 def _prefetch_settled(consumer: Any) -> bool:

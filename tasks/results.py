@@ -134,16 +134,21 @@ def store_rows(backend: UpsertBackend, outcomes: Sequence[Outcome], book: leases
     'finished' to the copy the sweep sends).
     """
     kept = []
+    keeps: dict[tuple[str, str], bool] = {}  # a group is mostly of one type and state: one config look each
     for outcome in outcomes:
-        if keeps_row(outcome.type_name, outcome.state):
+        key = (outcome.type_name, outcome.state)
+        keep = keeps.get(key)
+        if keep is None:
+            keep = keeps[key] = keeps_row(outcome.type_name, outcome.state)
+        if keep:
             kept.append(outcome)
         else:
             _settle(outcome, book)
     if not kept:
         return True
     try:
-        rows = [backend.result_row(o.task_id, backend.encode_result(o.value, o.state), o.state, None, o.request)[0]
-                for o in kept]
+        rows = backend.result_rows([(o.task_id, backend.encode_result(o.value, o.state), o.state, o.request)
+                                    for o in kept])
         # A state that is not final (RETRY) never replaces a final one (a cancel's REVOKED).
         upsert_rows(None, rows, keep_ready=all(o.state not in states.READY_STATES for o in kept))
     except Exception:
@@ -211,6 +216,51 @@ class UpsertBackend(DatabaseBackend):
         row.update(task_id=task_id, content_encoding=content_encoding, content_type=content_type,
                    meta=encoded_meta, result=encoded, status=status, traceback=traceback)
         return row, encoded
+
+    def result_rows(self, outcomes: Sequence[tuple[str, Any, str, Any]]) -> list[dict[str, Any]]:
+        """The rows of many outcomes (task id, encoded result, state, request; no traceback): each what
+        ``result_row`` makes, with what every row of a group shares looked up or encoded once (the
+        ``result_extended`` setting, the empty meta, the ``argsrepr`` the platform's messages carry)."""
+        extended = bool(self.app.conf.find_value_for_key("extended", "result"))
+        encoded: dict[str, Any] = {}  # argsrepr -> its encoding ("()" for every platform message)
+        empty_meta = None
+        rows = []
+        for task_id, result, status, request in outcomes:
+            content_type, content_encoding, content = self.encode_content(result)
+            meta = getattr(request, "meta", None) or {}
+            children = getattr(request, "children", None)
+            if not meta and not children:
+                if empty_meta is None:
+                    empty_meta = self.encode_content({"children": []})[2]
+                encoded_meta = empty_meta
+            else:
+                encoded_meta = self.encode_content({**meta, "children": self.current_task_children(request)})[2]
+            row: dict[str, Any] = {"periodic_task_name": None, "task_args": None, "task_kwargs": None,
+                                   "task_name": None, "traceback": None, "worker": None}
+            if request and extended:  # as DatabaseBackend._get_extended_properties
+                args = getattr(request, "argsrepr", None)
+                if args is None:
+                    args = getattr(request, "args", None)
+                if isinstance(args, str):
+                    if args not in encoded:
+                        encoded[args] = self.encode_content(args)[2]
+                    args = encoded[args]
+                elif args is not None:
+                    args = self.encode_content(args)[2]
+                kwargs = getattr(request, "kwargsrepr", None)
+                if kwargs is None:
+                    kwargs = getattr(request, "kwargs", None)
+                if kwargs is not None:
+                    kwargs = self.encode_content(kwargs)[2]
+                row.update(periodic_task_name=getattr(request, "periodic_task_name", None), task_args=args,
+                           task_kwargs=kwargs, task_name=getattr(request, "task", None),
+                           worker=getattr(request, "hostname", None))
+            if getattr(request, "shadow", None):  # the task type (lanes.messages), not its handler
+                row["task_name"] = request.shadow
+            row.update(task_id=task_id, content_encoding=content_encoding, content_type=content_type,
+                       meta=encoded_meta, result=content, status=status, traceback=None)
+            rows.append(row)
+        return rows
 
     def _store_result(self, task_id: str, result: Any, status: str, traceback: Any = None,
                       request: Any = None, using: str | None = None) -> Any:

@@ -571,7 +571,9 @@ class Bench:
         if not spy.exists():
             return []
         names = ["producer", *(f"worker{i}" for i in range(len(pids) - 1))]
-        return [subprocess.Popen([str(spy), "record", "--pid", str(pid), "--subprocesses", "--nonblocking",
+        # --gil: samples of the thread that holds the GIL only (idle and blocked threads drop out), as the
+        # profile tables of docs/architecture.md are read.
+        return [subprocess.Popen([str(spy), "record", "--pid", str(pid), "--subprocesses", "--nonblocking", "--gil",
                                   "--rate", "250", "--format", "raw", "-o",
                                   str(out / f"{workload}-{system}-{name}.txt")],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

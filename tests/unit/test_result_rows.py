@@ -1,0 +1,37 @@
+"""A group's result rows (``UpsertBackend.result_rows``: what every row of a group shares looked up or encoded
+once) are, row by row, what ``result_row`` makes of each outcome alone."""
+
+from __future__ import annotations
+
+import pytest
+from celery import current_app, states
+
+from tasks.grouping import request_context
+from tasks.results import UpsertBackend
+
+
+def _request(n: int, **extra):
+    request = request_context(id=f"t-{n}", task="demo.echo", argsrepr="()", kwargsrepr=f"{{payload: {{'n': {n}}}}}",
+                              shadow="chat.send", hostname="w@h", children=[], timelimit=None, retries=0,
+                              delivery_info={"exchange": "", "routing_key": "l"}, is_eager=False)
+    for name, value in extra.items():
+        setattr(request, name, value)
+    return request
+
+
+@pytest.mark.parametrize("extended", [True, False])
+def test_a_groups_rows_are_each_what_result_row_makes(monkeypatch, extended):
+    backend = current_app.backend
+    assert isinstance(backend, UpsertBackend)
+    monkeypatch.setitem(current_app.conf, "result_extended", extended)
+    outcomes = [
+        ("t-1", {"ok": 1}, states.SUCCESS, _request(1)),
+        ("t-2", None, states.SUCCESS, _request(2, shadow=None)),
+        ("t-3", backend.encode_result(ValueError("no"), states.FAILURE), states.FAILURE, _request(3)),
+        ("t-4", "x", states.SUCCESS, _request(4, meta={"k": "v"}, argsrepr="(1,)")),
+        ("t-5", [1, 2], states.RETRY, _request(5, argsrepr=None, args=[1], kwargsrepr=None, kwargs={"a": 1},
+                                               periodic_task_name="nightly")),
+    ]
+    alone = [backend.result_row(task_id, result, state, None, request)[0]
+             for task_id, result, state, request in outcomes]
+    assert backend.result_rows(outcomes) == alone
