@@ -83,7 +83,8 @@ def pytest_unconfigure(config):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-#: Processes (with those below them) that outlive a module on purpose: the browser tier's one Chromium.
+#: Processes (with those below them) that outlive a module on purpose: the browser tier's one Chromium
+#: (the session's Redis too, whose process a test that restarts it replaces).
 OUTLIVE_MODULE: set[int] = set()
 
 
@@ -96,7 +97,8 @@ def _module_leaves_nothing_running(request):
 
     before = set(descendants(os.getpid()))
     yield
-    leaked = leaked_children(before, OUTLIVE_MODULE)
+    session_redis = _state["redis"].proc if _state.get("started") else None  # a test may have restarted it
+    leaked = leaked_children(before, OUTLIVE_MODULE | ({session_redis.pid} if session_redis else set()))
     if _state.get("started") and _state["redis"].proc is not None and UNIT not in Path(request.path).resolve().parents:
         import redis
 
