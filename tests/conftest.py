@@ -83,6 +83,33 @@ def pytest_unconfigure(config):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+#: Processes (with those below them) that outlive a module on purpose: the browser tier's one Chromium
+#: (the session's Redis too, whose process a test that restarts it replaces).
+OUTLIVE_MODULE: set[int] = set()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _module_leaves_nothing_running(request):
+    """A module ends with no child process of its own still running, and no task left waiting in the
+    session's Redis (tests/support/leftovers.py): what it started would otherwise run, or be expired by
+    a later module's worker, inside that module's counts. A leaked process is killed and fails the module."""
+    from tests.support.leftovers import descendants, leaked_children, settle_waiting
+
+    before = set(descendants(os.getpid()))
+    yield
+    session_redis = _state["redis"].proc if _state.get("started") else None  # a test may have restarted it
+    leaked = leaked_children(before, OUTLIVE_MODULE | ({session_redis.pid} if session_redis else set()))
+    if _state.get("started") and _state["redis"].proc is not None and UNIT not in Path(request.path).resolve().parents:
+        import redis
+
+        try:
+            settle_waiting(_state["redis"].client())
+        except redis.RedisError as exc:  # a test that left the session's Redis down: nothing to settle
+            print(f"leftover tasks not settled: {exc!r}")
+    if leaked:
+        pytest.fail(f"the module left child processes running (killed now): {leaked}", pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def redis_server():
     return _state["redis"]

@@ -99,10 +99,16 @@ def browser():
         # while the browser is open (the browser tier).
         _shared["previous"] = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
         os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+        from tests.conftest import OUTLIVE_MODULE
+        from tests.support.leftovers import descendants
+
+        before = set(descendants(os.getpid()))
         manager = sync_playwright()
         playwright = manager.__enter__()
         _shared["playwright"] = manager
         _shared["browser"] = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        # The tier's one Chromium (and Playwright's driver) outlives the module that launched it.
+        OUTLIVE_MODULE.update(set(descendants(os.getpid())) - before)
     return _shared["browser"]
 
 
