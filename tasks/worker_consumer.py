@@ -75,6 +75,10 @@ class Consumer(CeleryConsumer):
         self._events_flush_due = False
         self._events_flushed_at = time.monotonic()
         super()._flush_events()
+        # Open runs kept back for their end (tasks.worker_events.EVENT_HOLD) go at the latest next time.
+        if self.hub and getattr(self.event_dispatcher, "holding", 0) and not self._events_flush_due:
+            self._events_flush_due = True
+            self.hub.call_later(EVENT_FLUSH_INTERVAL, self._flush_events_promise)
 
     def stop(self) -> None:
         self._drain_groups()
