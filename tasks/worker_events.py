@@ -35,12 +35,16 @@ whose ``task-received`` went in an earlier batch is always sent.
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from celery.app.events import Events as CeleryEvents
 from celery.events.dispatcher import EventDispatcher as CeleryEventDispatcher
+
+logger = logging.getLogger(__name__)
 
 #: Seconds a worker gathers task events before publishing them (Flower sees them at most this late).
 EVENT_FLUSH_INTERVAL = 0.1
@@ -128,8 +132,43 @@ class EventDispatcher(CeleryEventDispatcher):
     """Celery's dispatcher, with a larger buffer that is folded before it is published."""
 
     def __init__(self, *args: Any, buffer_limit: int = EVENT_BUFFER_LIMIT, **kwargs: Any) -> None:
+        self.holding = 0  # events the last flush kept back (the flusher thread flushes again for them)
+        self._wake = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._flusher_lock = threading.Lock()
         super().__init__(*args, buffer_limit=buffer_limit, **kwargs)
-        self.holding = 0  # events the last flush kept back (the consumer schedules the next flush for them)
+
+    def flush_later(self) -> None:
+        """Have this dispatcher's own thread publish the buffer now, so the event loop never waits for it.
+
+        With ``appendfsync always`` Redis answers a ``PUBLISH`` after its loop's fsync: on the event loop
+        that wait held up the next pop. The thread waits for Redis with the GIL released; its folding and
+        encoding are the CPU they were.
+        """
+        if self._flusher is None:
+            with self._flusher_lock:
+                if self._flusher is None and not self._closed:
+                    self._flusher = threading.Thread(target=self._flush_forever, name="task-events", daemon=True)
+                    self._flusher.start()
+        self._wake.set()
+
+    def _flush_forever(self) -> None:
+        while True:
+            # Held open runs go at the latest one interval later, new events or none.
+            self._wake.wait(EVENT_FLUSH_INTERVAL if self.holding else None)
+            self._wake.clear()
+            if self._flusher is not threading.current_thread():  # closed (an enable() may start another)
+                return
+            try:
+                self.flush()
+            except Exception:  # Celery keeps what it could not publish (buffer_while_offline); the loop goes on
+                logger.warning("task_events_flush_failed", exc_info=True)
+
+    def close(self) -> None:
+        super().close()
+        with self._flusher_lock:
+            self._flusher = None
+        self._wake.set()
 
     def flush(self, errors: bool = True, groups: bool = True) -> None:
         super().flush(errors=errors, groups=False)
