@@ -24,7 +24,7 @@ What Flower shows does not change: every task by name with its final state,
 runtime, received / started / succeeded times and worker, and the runtime
 histogram. What changes: Flower sees a short task up to
 ``EVENT_FLUSH_INTERVAL + EVENT_HOLD`` seconds after it was received
-(0.1 s before), ``flower_events_total`` counts one ending event for most tasks
+(0.1 s before; a task still running past the hold is shown received then), ``flower_events_total`` counts one ending event for most tasks
 (few ``task-received`` / ``task-started``), and ``flower_task_prefetch_time_seconds``
 is not set from a folded task (it is set only by a ``task-started`` event).
 ``flower_worker_prefetched_tasks`` stays right: a ``task-received`` is folded
@@ -50,7 +50,9 @@ logger = logging.getLogger(__name__)
 EVENT_FLUSH_INTERVAL = 0.1
 
 #: Seconds an open run's events may wait in the buffer for their run's end (then they go as they are).
-EVENT_HOLD = 0.1
+#: Under a backlog a task waits in the prefetch window (received, not started) for a few tenths of a
+#: second: held that long, its three events still go as one. Open runs held are bounded by that window.
+EVENT_HOLD = 1.0
 
 #: Events that make a buffer go at once, whatever the interval (one ``task.multi`` message).
 EVENT_BUFFER_LIMIT = 400
