@@ -24,7 +24,8 @@ What Flower shows does not change: every task by name with its final state,
 runtime, received / started / succeeded times and worker, and the runtime
 histogram. What changes: Flower sees a short task up to
 ``EVENT_FLUSH_INTERVAL + EVENT_HOLD`` seconds after it was received
-(0.1 s before; a task still running past the hold is shown received then), ``flower_events_total`` counts one ending event for most tasks
+(0.1 s before; a task still running past the hold shows received then started),
+``flower_events_total`` counts one ending event for most tasks
 (few ``task-received`` / ``task-started``), and ``flower_task_prefetch_time_seconds``
 is not set from a folded task (it is set only by a ``task-started`` event).
 ``flower_worker_prefetched_tasks`` stays right: a ``task-received`` is folded
@@ -68,6 +69,9 @@ _UNSTARTED_ENDING = frozenset({"task-rejected", "task-revoked"})
 
 #: An ending Celery's state ranks below received and started (it keeps the task's earlier state): never folded into.
 _UNRANKED_ENDING = frozenset({"task-rejected"})
+
+#: Opening fields Celery's state reads as None when an event does not carry them.
+_NONE_BY_DEFAULT = frozenset({"eta", "expires", "parent_id", "root_id", "exchange", "routing_key", "client"})
 
 #: What an event says of itself, never carried into the event it folds into.
 _OWN_FIELDS = frozenset({"type", "timestamp", "clock", "local_received"})
@@ -122,10 +126,15 @@ def fold_batch(events: Sequence[dict[str, Any]],
 
 
 def _merged(run: list[dict[str, Any]]) -> dict[str, Any]:
+    # An opening field that is None (eta, expires, parent_id) is what Celery's state holds without it:
+    # left out of a first delivery's event, it is neither encoded by the worker nor decoded by Flower.
     merged: dict[str, Any] = {}
     for event in run[:-1]:
         merged.update((key, value) for key, value in event.items() if key not in _OWN_FIELDS)
         merged[_TIME_FIELD[event["type"]]] = event["timestamp"]
+    if not merged.get("retries"):  # a first delivery: no earlier value of the task's to overwrite
+        for key in [key for key, value in merged.items() if value is None and key in _NONE_BY_DEFAULT]:
+            del merged[key]
     merged.update(run[-1])
     return merged
 

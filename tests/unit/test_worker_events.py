@@ -10,7 +10,7 @@ from tasks.worker_events import fold_batch, fold_task_events
 from tests.support.hypothesis_profile import bounded
 
 KEEP = ("state", "name", "args", "kwargs", "result", "runtime", "received", "started", "succeeded", "failed",
-        "retried", "rejected", "revoked", "retries", "exception")
+        "retried", "rejected", "revoked", "retries", "exception", "eta", "expires", "parent_id", "root_id")
 
 
 def ev(type_: str, uuid: str, ts: float, clock: int, **fields) -> dict:
@@ -115,8 +115,11 @@ def worker_streams(draw) -> tuple[list[dict], list[int], float]:
         events: list[tuple[str, dict]] = []
         for n in range(attempts):
             last = n == attempts - 1
+            eta = draw(st.sampled_from((None, 50.0 + n))) if n else None  # a retry's countdown
             events.append(("task-received", {"name": f"type.{t}", "args": "()", "kwargs": f"{{'n': {t}}}",
-                                             "retries": n, "eta": None, "expires": None}))
+                                             "retries": n, "eta": eta,
+                                             "expires": None, "parent_id": None,
+                                             "root_id": f"task-{t}"}))
             started = draw(st.booleans())
             if started:
                 events.append(("task-started", {}))
