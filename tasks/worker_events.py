@@ -6,9 +6,11 @@ and a message for Flower to decode. Measured under ``make run``'s load test,
 those events cost more CPU than the tasks (233 tasks/s completed with them,
 400/s without). Here a worker keeps its task events for up to
 :data:`EVENT_FLUSH_INTERVAL` seconds (or :data:`EVENT_BUFFER_LIMIT` events)
-and publishes them as one ``task.multi`` message, after
+and publishes them as one ``task.multi`` message from the dispatcher's own
+thread (:meth:`EventDispatcher.flush_later`: the event loop does not wait for
+Redis's answer), after
 :func:`fold_task_events` has made each run of a task that ends in the batch
-one event: its ending event (succeeded, failed, retried, rejected, revoked),
+one event: its ending event (succeeded, failed, retried, revoked),
 carrying the fields of the opening events before it (name, args, kwargs,
 retries, …) and their times as ``received`` / ``started``, which is what
 Celery's event state records from them. A run still open at a flush whose
