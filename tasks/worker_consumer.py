@@ -6,8 +6,8 @@ operators should see them, so each also becomes a ``malformed`` dead letter.
 
 With task events on (Flower), Celery publishes its event buffer on the event
 loop's next turn, under load nearly one Redis ``PUBLISH`` per event; here the
-loop publishes at most every ``EVENT_FLUSH_INTERVAL`` seconds
-(:mod:`tasks.worker_events` says why and what Flower sees).
+loop has the dispatcher's own thread publish them at most every ``EVENT_FLUSH_INTERVAL``
+seconds (:mod:`tasks.worker_events` says why and what Flower sees).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from celery.worker.consumer import Consumer as CeleryConsumer
 from django.conf import settings
 
 from tasks import dead_letters, grouping
-from tasks.worker_events import EVENT_FLUSH_INTERVAL
+from tasks.worker_events import EVENT_FLUSH_INTERVAL, EventDispatcher
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +74,11 @@ class Consumer(CeleryConsumer):
             return
         self._events_flush_due = False
         self._events_flushed_at = time.monotonic()
-        super()._flush_events()
+        dispatcher = self.event_dispatcher
+        if isinstance(dispatcher, EventDispatcher):
+            dispatcher.flush_later()  # published on its thread: the loop does not wait for Redis's answer
+        else:
+            super()._flush_events()
 
     def stop(self) -> None:
         self._drain_groups()
