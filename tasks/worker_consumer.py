@@ -94,6 +94,14 @@ class Consumer(CeleryConsumer):
         runner = grouping.Runner.existing(self)
         if runner is not None and not runner.drain(settings.DISPATCH_LEASE_S):
             logger.warning("group_drain_timed_out: the tasks still running come back by their leases")
+        # The events those tasks sent (and the runs held for their end) go before Celery closes the events
+        # connection: its dispatcher's close publishes nothing.
+        dispatcher = getattr(self, "event_dispatcher", None)
+        if isinstance(dispatcher, EventDispatcher) and dispatcher.enabled:
+            try:
+                dispatcher.flush_all()
+            except Exception:
+                logger.warning("task_events_final_flush_failed", exc_info=True)
 
     def on_decode_error(self, message, exc):
         _record(message, f"cannot decode the message: {exc}")

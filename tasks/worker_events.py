@@ -33,7 +33,10 @@ is not set from a folded task (it is set only by a ``task-started`` event).
 ``flower_worker_prefetched_tasks`` stays right: a ``task-received`` is folded
 only together with the event that would take it off that gauge (its run's
 ``task-started``, or an ending Flower does not count), and a ``task-started``
-whose ``task-received`` went in an earlier batch is always sent.
+whose ``task-received`` went in an earlier batch is always sent. A warm
+shutdown publishes everything buffered, held runs included, once the tasks it
+let end have ended (:meth:`EventDispatcher.flush_all`, called by the consumer
+before Celery closes the events connection).
 """
 
 from __future__ import annotations
@@ -185,9 +188,15 @@ class EventDispatcher(CeleryEventDispatcher):
 
     def flush(self, errors: bool = True, groups: bool = True) -> None:
         super().flush(errors=errors, groups=False)
-        if not groups:
-            return
-        hold_after = time.time() - EVENT_HOLD
+        if groups:
+            self._flush_groups(hold_after=time.time() - EVENT_HOLD)
+
+    def flush_all(self) -> None:
+        """Publish every buffered event now, open runs included: no later flush will come (a warm shutdown)."""
+        super().flush(groups=False)
+        self._flush_groups(hold_after=None)
+
+    def _flush_groups(self, hold_after: float | None) -> None:
         with self.mutex:
             if self._closed:
                 return

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from lanes import keys
 from tasks.dispatch import dispatch
 from tests.support.helpers import define, unique, wait_until
 
@@ -129,3 +130,24 @@ def test_flower_shows_each_task_whole_from_one_event_a_task(start_worker, flower
     assert sum(per_task.values()) <= TASKS + 2, sorted(per_task.values())
     types = Counter(e["type"] for _, events in wire.messages for e in events if e.get("uuid") in ids)
     assert types["task-succeeded"] == TASKS, types
+
+
+def test_a_warm_stop_still_sends_the_events_of_the_tasks_it_let_end(start_worker, rc):
+    # Tasks still running when the worker is told to stop end first (the warm shutdown's drain); their
+    # events, held for their runs' end, must be published before Celery closes the events connection.
+    lane, name = unique("evs"), unique("evs-type")
+    define(name, lane=lane, handler="demo.echo")
+    worker = start_worker(lane, pool="threads", concurrency=4, env={"CELERY_WORKER_SEND_TASK_EVENTS": "true"})
+    dispatch.delay(name, {"warm": True}).get(timeout=60)
+    with _Wire(rc) as wire:
+        results = [dispatch.delay(name, {"n": n, "sleep": 0.6}) for n in range(4)]
+        ids = {r.task_id for r in results}
+        # Started, not ended: each run is open (held) in the worker's buffer when the stop comes.
+        wait_until(lambda: all(rc.hget(keys.task_record(t), "st") == b"running" for t in ids), timeout=30,
+                   interval=0.02, what="the four running")
+        worker.stop(timeout=60)
+        for r in results:
+            assert r.get(timeout=30)["n"] in range(4)
+        wait_until(lambda: len(wire.events_of(ids)) == 4, timeout=5, what="each task's events published")
+    types = Counter(e["type"] for _, events in wire.messages for e in events if e.get("uuid") in ids)
+    assert types["task-succeeded"] == 4, types
