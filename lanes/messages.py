@@ -187,6 +187,30 @@ def stored_parts(stored: bytes | str) -> tuple[str, float, float, str, str]:
     return head[0], head[1], head[2], parts[1], parts[2]
 
 
+@dataclass(slots=True)
+class Written:
+    """A stored message written out for delivery (:func:`written_message`): kombu's envelope, and the two
+    parts of its body as the writing read them, so a reader in the same process (``tasks.grouping``'s
+    runner) parses the payload once and the envelope not again. ``envelope`` is None for an older record
+    that holds the whole message: its reader parses the body."""
+
+    raw: dict[str, Any]
+    payload_json: str = ""
+    envelope: dict[str, Any] | None = None
+
+
+#: The attribute of a kombu ``Message`` (it has a ``__dict__``) under which ``lanes.transport`` hands its
+#: :class:`Written` to a taker in the same process (:func:`written_of`).
+WRITTEN_ATTRIBUTE = "dispatch_written"
+
+
+def written_of(message: Any) -> Written | None:
+    """The :class:`Written` a delivered message was made from, when the transport handed it on; None else
+    (a message kombu's own delivery made, or one from elsewhere: its reader parses the body)."""
+    written = getattr(message, WRITTEN_ATTRIBUTE, None)
+    return written if isinstance(written, Written) else None
+
+
 def kombu_message(stored: bytes | str, task_id: str, record: str, delivery_tag: str) -> dict[str, Any]:
     """The Celery (protocol 2) message in kombu's Redis envelope, as kombu's ``Channel._put`` would
     have written it, from a record's stored message: what a worker delivers, Flower and ``celery
@@ -198,9 +222,14 @@ def kombu_message(stored: bytes | str, task_id: str, record: str, delivery_tag: 
     ``chat.send`` rather than its handler ``http.post``. A record written before messages were stored
     compact holds the whole message with a NUL where the tag goes: it is read as it is.
     """
+    return written_message(stored, task_id, record, delivery_tag).raw
+
+
+def written_message(stored: bytes | str, task_id: str, record: str, delivery_tag: str) -> Written:
+    """:func:`kombu_message`, with the payload's text and the envelope it parsed to write the headers."""
     if (isinstance(stored, bytes) and stored[:1] == b"{") or (isinstance(stored, str) and stored[:1] == "{"):
         raw = stored.encode() if isinstance(stored, str) else stored
-        return orjson.loads(raw.replace(b"\0", delivery_tag.encode()))
+        return Written(orjson.loads(raw.replace(b"\0", delivery_tag.encode())))
     handler, hard, soft, payload_json, envelope_json = stored_parts(stored)
     env = _loads(envelope_json)
     headers = _headers(handler, env["type"]).copy()
@@ -209,11 +238,12 @@ def kombu_message(stored: bytes | str, task_id: str, record: str, delivery_tag: 
     headers["timelimit"] = [hard, soft]
     headers["kwargsrepr"] = _short_repr(payload_json, env["attempt"], env.get("chat") or "")
     headers[RECORD_HEADER] = record
-    return {"body": f'[[],{{"payload":{payload_json},"dispatch":{envelope_json}}},{_EMBED_JSON}]',
-            "content-encoding": "utf-8", "content-type": "application/json", "headers": headers,
-            "properties": {"delivery_info": {"exchange": "", "routing_key": keys.lane_queue(env["lane"], 0)},
-                           "priority": to_kombu(env["priority"]), "body_encoding": "utf-8",
-                           "delivery_tag": delivery_tag}}
+    raw = {"body": f'[[],{{"payload":{payload_json},"dispatch":{envelope_json}}},{_EMBED_JSON}]',
+           "content-encoding": "utf-8", "content-type": "application/json", "headers": headers,
+           "properties": {"delivery_info": {"exchange": "", "routing_key": keys.lane_queue(env["lane"], 0)},
+                          "priority": to_kombu(env["priority"]), "body_encoding": "utf-8",
+                          "delivery_tag": delivery_tag}}
+    return Written(raw, payload_json, env)
 
 
 def _loads(text: str) -> Any:

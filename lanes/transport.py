@@ -90,7 +90,7 @@ from kombu.utils.json import loads
 from lanes import keys, leases
 from lanes.lua.pop_more import Popped, pop_more
 from lanes.lua.ring import ring
-from lanes.messages import LEASED_HEADER, RECORD_HEADER, kombu_message
+from lanes.messages import LEASED_HEADER, RECORD_HEADER, WRITTEN_ATTRIBUTE, Written, kombu_message, written_message
 from lanes.signals import message_unreadable
 
 logger = logging.getLogger(__name__)
@@ -417,12 +417,15 @@ class Channel(kombu_redis.Channel):
 
     def _deliver_popped(self, item: bytes | Popped, queue: str) -> None:
         try:
-            raw = _message_of(item)
+            written = _written_of(item)
+            raw = written.raw
             take = self._taker(item, raw, queue)
             if take is None:
                 self.connection._deliver(raw, queue)
             else:  # as kombu's basic_consume callback, then straight to the runner (no consumer dispatch)
                 message = self.Message(raw, channel=self)
+                # The body's parts as written, so the runner parses the payload once, the envelope not again.
+                setattr(message, WRITTEN_ATTRIBUTE, written)
                 self.qos.append(message, message.delivery_tag)
                 take(message)
         except self.connection_errors:
@@ -442,6 +445,13 @@ def _message_of(item: bytes | Popped) -> dict:
             return kombu_message(item.message, item.tag.rpartition(".")[0], item.record, item.tag)
         item = item.message
     return loads(bytes_to_str(item))
+
+
+def _written_of(item: bytes | Popped) -> Written:
+    """:func:`_message_of`, with the parts of the body a record's message was written from."""
+    if isinstance(item, Popped) and item.tag:
+        return written_message(item.message, item.tag.rpartition(".")[0], item.record, item.tag)
+    return Written(_message_of(item))
 
 
 def _token_bits(token: str | None) -> int | None:

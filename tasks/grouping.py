@@ -73,7 +73,7 @@ from lanes.lua.claim_group import FinishTerms, GroupItem, claim_group
 from lanes.lua.finish_batch import DoneItem, Latencies, count_batch, finish_batch
 from lanes.lua.loader import ReplicaAcksMissing
 from lanes.lua.pop_more import PopClaims
-from lanes.messages import Envelope
+from lanes.messages import Envelope, written_of
 from lanes.transport import LEASED_HEADER, RECORD_HEADER
 from tasks import config, results, tracing
 from tasks.errors import AttemptTimeout, DeadLettered, RetryableError
@@ -287,10 +287,17 @@ class Runner:
         if headers.get(LEASED_HEADER) is not True or not isinstance(headers.get(RECORD_HEADER), str):
             return None
         try:
-            args, kwargs, _embed = _loads(message.body)
-            if args or set(kwargs) != {"payload", "dispatch"} or not isinstance(kwargs["payload"], dict):
+            written = written_of(message)
+            if written is not None and written.envelope is not None:  # the transport's parts: parsed once
+                payload, envelope = _loads(written.payload_json), written.envelope
+            else:  # delivered by kombu (or an older record's whole message): the body
+                args, kwargs, _embed = _loads(message.body)
+                if args or set(kwargs) != {"payload", "dispatch"}:
+                    return None
+                payload, envelope = kwargs["payload"], kwargs["dispatch"]
+            if not isinstance(payload, dict):
                 return None
-            env = Envelope.from_dict(kwargs["dispatch"])
+            env = Envelope.from_dict(envelope)
             task_id = headers["id"]
         except (TypeError, ValueError, KeyError):
             return None
@@ -299,7 +306,7 @@ class Runner:
             shadow=headers.get("shadow"), hostname=self.hostname, children=[], timelimit=None,
             retries=env.attempt - 1, delivery_info=message.delivery_info, is_eager=False,
         )
-        attempt = Attempt(task, env, kwargs["payload"], task_id=task_id, request=request)
+        attempt = Attempt(task, env, payload, task_id=task_id, request=request)
         item = Item(attempt, message, ack, reject, headers.get("shadow") or task.name)
         popped = attempt.book.take_claimed_at_pop(attempt.record)
         if popped is not None:  # claimed at the pop, its lease held (lanes.transport): it runs as claimed

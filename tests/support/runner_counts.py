@@ -2,17 +2,20 @@
 ``DISPATCH_HOOK_MODULES=tests.support.runner_counts``: how many run-thread wake-ups the event loop asks for
 as it hands messages to the group runner (``Runner.submit``), how many ack callbacks the runner sends to the
 event loop (``Consumer.call_soon_ack``) for how many acks, and how many group finishes it makes
-(``Runner._finish``) for how many tasks. A thread writes them to a Redis hash per process every 50 ms, where
-the test reads them. Counts, never times.
+(``Runner._finish``) for how many tasks, and how many times the process parses a task's envelope or a test
+payload (JSON text with ``"dispatched_at"``, or a ``"pmark"`` key). A thread writes them to a Redis hash per
+process every 50 ms, where the test reads them. Counts, never times.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from collections import Counter
 
+import orjson
 from celery.worker.consumer.consumer import Consumer
 
 from lanes import keys
@@ -139,6 +142,32 @@ def _counting_take(self, lane, bits):
     return taken
 
 
+_orjson_loads, _json_loads = orjson.loads, json.loads
+
+
+def _counted_parse(text) -> None:
+    """A parse of text holding a task's envelope (its ``dispatched_at`` field) or a test payload's marker."""
+    if isinstance(text, (bytes, bytearray, memoryview)):
+        text = bytes(text).decode("utf-8", "replace")
+    if isinstance(text, str):
+        if '"dispatched_at"' in text:
+            _add("envelope_parses")
+        if '"pmark"' in text:
+            _add("payload_parses")
+
+
+def _counting_orjson_loads(text):
+    _counted_parse(text)
+    return _orjson_loads(text)
+
+
+def _counting_json_loads(text, *args, **kwargs):
+    _counted_parse(text)
+    return _json_loads(text, *args, **kwargs)
+
+
+orjson.loads = _counting_orjson_loads
+json.loads = _counting_json_loads
 threading.Condition.notify = _counting_notify  # type: ignore[method-assign]
 threading.Condition.wait = _counting_wait  # type: ignore[method-assign]
 grouping.Runner.__init__ = _counting_init  # type: ignore[method-assign]
