@@ -195,7 +195,6 @@ if #waiting > 0 then
         if lengths[r[3]] == nil then lengths[r[3]] = redis.call('LLEN', r[3]) end
         if lengths[r[3]] == 0 then
           publish_record(record, leases, lease_until)
-          redis.call('HDEL', record, 'aud')
           if r[5] and r[5] ~= '' then republished = republished + 1 end
           repaired(r[4], r[5] or '', string.match(record, '([^:]+)$'), 'lost_copy')
         end

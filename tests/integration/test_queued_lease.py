@@ -44,10 +44,11 @@ def _lease_zadds(monitor: Monitor, records: list[str]) -> list[str]:
 
 def _audit_every_waiting_task(rc, now_ms: int) -> None:
     """The audit's walks from their start until the walk of the waiting tasks wraps."""
-    rc.delete(keys.CHAT_AUDIT_CURSOR, keys.PARKED_AUDIT_CURSOR, keys.WAITING_AUDIT_CURSOR)
+    cursor = getattr(keys, "WAITING_AUDIT_CURSOR", keys.PARKED_AUDIT_CURSOR)  # the parked one's before it
+    rc.delete(keys.CHAT_AUDIT_CURSOR, keys.PARKED_AUDIT_CURSOR, cursor)
     for _ in range(10_000):
         audit_chats(batch=1000, now_ms=now_ms)
-        if not int(rc.get(keys.WAITING_AUDIT_CURSOR) or 0):
+        if not int(rc.get(cursor) or 0):
             return
 
 
