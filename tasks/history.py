@@ -22,9 +22,12 @@ row instead (``take_for_row``: its ``meta``, under :data:`ROW_META_KEY`, the sam
 text), so a task that starts and ends within one flush costs its history no Redis
 command at all; only events flushed before (a task running across a flush, earlier
 attempts) are in the key. ``tasks.history_view`` reads the key, then the row. Done
-only while rows live at least as long as histories (``rows_outlive_history``);
-the reader hides a row's events past the history's retention. A row stored again without events (a finished
-task's copy redelivered) keeps the ones it has (``tasks.results``). An attempt adds at most one event per delivery
+only while rows live at least as long as histories (``rows_outlive_history``); the
+reader hides a row's events past the history's retention. A row stored again
+without events (a finished task's copy redelivered) keeps the ones it has
+(``tasks.results``).
+
+An attempt adds at most one event per delivery
 (``DISPATCH_MAX_DELIVERIES``) and one for its end, so a history stays short;
 from attempt :data:`TRIM_FROM_ATTEMPT` on, each write also trims it to its last
 :data:`HISTORY_MAX` events.
