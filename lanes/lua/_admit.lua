@@ -6,7 +6,8 @@
 -- ``pend`` nil: every write is made at once (a chunk of one). A table: an item
 -- published directly (unlimited, due now, its chat's head or no chat) defers
 -- the lane's writes that many items share to pend_flush: the waiting count's
--- INCR (one INCRBY), the deadlines and leases ZADDs (one each) and the lane
+-- INCR (one INCRBY), the deadlines ZADD (one; pend.leases is empty since no direct publish
+-- writes a queued lease) and the lane
 -- list's LPUSH (one per priority list, the items in their order, so the list
 -- holds them as one LPUSH each would have left them) and the lane's doorbell's
 -- ring (_lib.lua), once a call, and only for a list that was empty. Nothing in a call reads
