@@ -21,6 +21,8 @@ LANE_CONTROL_LOG = PREFIX + "lane-log"
 CHAT_AUDIT_CURSOR = PREFIX + "chat-audit-cursor"
 #: Where the audit's walk of parked leases (``+inf``: queued records the sweep left waiting) goes on from.
 PARKED_AUDIT_CURSOR = PREFIX + "parked-audit-cursor"
+#: Where audit.lua's walk of the waiting tasks (the deadlines set) goes on from (an offset).
+WAITING_AUDIT_CURSOR = PREFIX + "waiting-audit-cursor"
 #: Prefix of every per-chat key (chat queues and chat-scoped task records).
 CHAT_PREFIX = PREFIX + "chat:"
 
@@ -59,7 +61,8 @@ def tombstone(task_id: str) -> str:
 
 
 def task_history(task_id: str) -> str:
-    """A task's own events (a capped list, tasks.history), kept as long as its result row; by id alone."""
+    """A task's own events (text, one JSON event a line; a list before: tasks.history), kept as long as its
+    result row; by id alone. The events its worker held when it stored a final row ride in that row instead."""
     return f"{PREFIX}hist:{task_id}"
 
 

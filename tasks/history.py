@@ -14,7 +14,20 @@ which keeps it: a task that starts and ends within one flush costs one command
 and no round trip of its own (a list cost an ``RPUSH`` and an ``EXPIRE``). A
 ``SET`` that finds the key made by another process appends in a second round
 trip; a key still holding a list (written before this format) is pushed onto
-as before. An attempt adds at most one event per delivery
+as before.
+
+The events a task's worker still holds when it stores a final result row (a
+success or a dead letter of a type that keeps one, ``store_result``) ride in that
+row instead (``take_for_row``: its ``meta``, under :data:`ROW_META_KEY`, the same
+text), so a task that starts and ends within one flush costs its history no Redis
+command at all; only events flushed before (a task running across a flush, earlier
+attempts) are in the key. ``tasks.history_view`` reads the key, then the row. Done
+only while rows live at least as long as histories (``rows_outlive_history``); the
+reader hides a row's events past the history's retention. A row stored again
+without events (a finished task's copy redelivered) keeps the ones it has
+(``tasks.results``).
+
+An attempt adds at most one event per delivery
 (``DISPATCH_MAX_DELIVERIES``) and one for its end, so a history stays short;
 from attempt :data:`TRIM_FROM_ATTEMPT` on, each write also trims it to its last
 :data:`HISTORY_MAX` events.
@@ -24,7 +37,9 @@ the latest value; the thread writes it (one ``SET`` with the same expiry) at
 most once per :data:`PROGRESS_EVERY_S` per task, and the last value at the end
 of the attempt.
 
-What it costs: a reader sees an event up to a flush late; a process killed
+What it costs: a reader sees an event up to a flush late (a row's, once the row is stored: the same moment
+the task's outcome shows); a row carries the events as text in its ``meta`` (Celery's result meta shows
+them under :data:`ROW_META_KEY`); a process killed
 with SIGKILL loses its last flush of events (the task's state, its dead letter
 and its result row are elsewhere and are read beside the events, so the page
 still says how it ended). A task that never reached a worker (expired,
@@ -67,6 +82,11 @@ TRIM_FROM_ATTEMPT = 20
 PENDING_MAX = 50_000
 #: Seconds a history is kept when Celery keeps results forever (``result_expires`` None).
 DEFAULT_RETENTION_S = 30 * 86400
+#: The result row's ``meta`` field that carries the events its worker still held when it stored the row.
+ROW_META_KEY = "dispatch_history"
+#: The row states whose row carries events: final, never replaced by a later attempt's row (a RETRY row is,
+#: so its events go to Redis). A cancel's REVOKED row is stored before its ``cancelled`` event is noted.
+ROW_STATES = frozenset({"SUCCESS", "FAILURE"})
 
 
 class InvalidProgress(ValueError):
@@ -161,6 +181,60 @@ def retention_s() -> int:
     if isinstance(expires, (int, float)) and expires > 0:
         return int(expires)
     return DEFAULT_RETENTION_S
+
+
+def _result_expires_s() -> float | None:
+    """Seconds Celery keeps a result row (``result_expires``); None: forever (no cleanup deletes it)."""
+    from celery import current_app  # inner import: as in retention_s
+
+    expires = current_app.conf.result_expires
+    if isinstance(expires, dt.timedelta):
+        expires = expires.total_seconds()
+    return float(expires) if isinstance(expires, (int, float)) and expires > 0 else None
+
+
+def rows_outlive_history() -> bool:
+    """Whether a result row lives at least as long as a history (``retention_s``): only then may it carry events."""
+    expires = _result_expires_s()
+    return expires is None or expires >= retention_s()
+
+
+def take_for_row(task_id: str, state: str) -> str:
+    """The events of ``task_id`` not yet written, taken out of the buffer for its result row in ``state``
+    (the row's ``meta[ROW_META_KEY]``, one JSON event a line); '' when none or the row must not carry them.
+
+    The caller stores the row and gives the text back (``give_back``) if it could not: then the flush
+    writes it to Redis as before. Never raises, never waits on Redis."""
+    global _count
+    if state not in ROW_STATES:
+        return ""
+    with _lock:
+        if task_id not in _events:
+            return ""
+    try:
+        if not rows_outlive_history():
+            return ""
+    except Exception:  # noqa: BLE001 - the configuration unreadable: the key, as before
+        return ""
+    with _lock:
+        lines = _events.pop(task_id, None)
+        if not lines:
+            return ""
+        _count -= len(lines)
+        _trim.discard(task_id)  # nothing is added to its key this time
+    return _text_of(lines)
+
+
+def give_back(task_id: str, text: str) -> None:
+    """Events ``take_for_row`` took for a row that was not stored: first in line for the next flush."""
+    global _count
+    lines = events_of(text)
+    if not lines:
+        return
+    with _lock:
+        _events[task_id] = lines + _events.get(task_id, [])
+        _count += len(lines)
+    _flusher.ensure()
 
 
 def events_of(raw: bytes | str | None) -> list[str]:

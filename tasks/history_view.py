@@ -1,9 +1,14 @@
 """Reading a task's history for the API and the admin: its events (``tasks.history``) beside its record,
-dead letter and result row, so the story holds even where an event is missing (a task no worker started)."""
+dead letter and result row, so the story holds even where an event is missing (a task no worker started).
+
+A task's events are in its history key (what its workers flushed) and then in its final result row (what its
+last worker still held when it stored the row, ``tasks.history.take_for_row``): read in that order, the row's
+once the key's, they are in the order they happened."""
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -12,7 +17,7 @@ from redis.exceptions import ResponseError
 
 from lanes import keys, records
 from lanes.redis_client import get_redis
-from tasks.history import dispatched_fields, envelope_of, events_of
+from tasks.history import ROW_META_KEY, dispatched_fields, envelope_of, events_of, retention_s
 from tasks.models import DeadLetter
 from tasks.owners import owner_of
 
@@ -109,11 +114,28 @@ def _event_lines(client: Any, key: str) -> list[Any]:
         return client.lrange(key, 0, -1)
 
 
+def row_events(row: Any, now: float | None = None) -> list[str]:
+    """The events a result row carries (``tasks.history.ROW_META_KEY`` in its ``meta``), none once the row is
+    older than a history is kept (``retention_s``: the key it stands for would have expired)."""
+    meta = _decoded(getattr(row, "meta", None))
+    text = meta.get(ROW_META_KEY) if isinstance(meta, dict) else None
+    if not isinstance(text, str) or not text:
+        return []
+    done = getattr(row, "date_done", None)
+    if done is not None and (time.time() if now is None else now) - done.timestamp() > retention_s():
+        return []
+    return events_of(text)
+
+
 def read(task_id: str) -> History | None:
     """The history of ``task_id`` from Redis and the database; None when nothing knows it."""
     client = get_redis()
+    row = TaskResult.objects.filter(task_id=task_id).first()
     events = []
-    for raw in _event_lines(client, keys.task_history(task_id)):
+    lines = _event_lines(client, keys.task_history(task_id))
+    if row is not None:
+        lines = [*lines, *row_events(row)]
+    for raw in lines:
         try:
             events.append(json.loads(raw))
         except ValueError:
@@ -159,7 +181,6 @@ def read(task_id: str) -> History | None:
                 "options": {k: v for k, v in (("priority", dead.priority), ("chat_id", dead.chat_id),
                                               ("idempotency_key", dead.idempotency_key),
                                               ("metadata", dead.metadata)) if v not in ("", None, {})}}
-    row = TaskResult.objects.filter(task_id=task_id).first()
     if row is not None:
         history.result = {"state": row.status, "at": row.date_done.timestamp() if row.date_done else None,
                           "worker": row.worker or "", "value": _decoded(row.result)}

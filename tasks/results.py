@@ -33,6 +33,7 @@ from django_celery_results.models import TaskResult
 
 from lanes import keys, leases
 from lanes.redis_client import get_redis
+from tasks import history
 from tasks.errors import DeadLettered
 
 #: Columns an update may overwrite (``date_created`` keeps the first write,
@@ -58,7 +59,8 @@ def _statement(connection: Any, n_rows: int, keep_ready: bool = False) -> str:
         meta = TaskResult._meta
         columns = [q(meta.get_field(name).column) for name in ROW_FIELDS]
         row = "(" + ", ".join(["%s"] * len(columns)) + ")"
-        updates = ", ".join(f"{c} = EXCLUDED.{c}" for c in columns[1:1 + len(UPDATE_FIELDS)])
+        updates = ", ".join(_update(f"{q(meta.db_table)}.{c}", f"EXCLUDED.{c}", name == "meta")
+                            for name, c in zip(UPDATE_FIELDS, columns[1:1 + len(UPDATE_FIELDS)], strict=True))
         sql = (f"INSERT INTO {q(meta.db_table)} ({', '.join(columns)}) VALUES {', '.join([row] * n_rows)} "
                f"ON CONFLICT ({q(meta.get_field('task_id').column)}) DO UPDATE SET {updates}")
         if keep_ready:
@@ -66,6 +68,22 @@ def _statement(connection: Any, n_rows: int, keep_ready: bool = False) -> str:
             sql += f" WHERE {q(meta.db_table)}.{q(meta.get_field('status').column)} NOT IN ({final})"
         _statements[key] = sql
     return sql
+
+
+#: ``meta`` holding a task's history events (``tasks.history.ROW_META_KEY``), as a LIKE pattern ('%%': the
+#: cursor's escape of '%').
+_HISTORY_IN_META = '%%"' + history.ROW_META_KEY + '"%%'
+
+
+def _update(stored: str, new: str, is_meta: bool) -> str:
+    """One column's ``SET`` of the upsert. ``meta`` keeps the stored row's when that one carries the task's
+    history events and the new one does not: a finished task's row stored again (its copy redelivered after
+    the row was written) comes from a process that holds none of its events (tasks.history.take_for_row)."""
+    column = stored.rsplit(".", 1)[1]
+    if not is_meta:
+        return f"{column} = {new}"
+    return (f"{column} = CASE WHEN {stored} LIKE '{_HISTORY_IN_META}' AND ({new} IS NULL OR {new} NOT LIKE "
+            f"'{_HISTORY_IN_META}') THEN {stored} ELSE {new} END")
 
 
 def upsert_rows(using: str | None, rows: Iterable[dict[str, Any]], keep_ready: bool = False) -> int:
@@ -146,15 +164,17 @@ def store_rows(backend: UpsertBackend, outcomes: Sequence[Outcome], book: leases
             _settle(outcome, book)
     if not kept:
         return True
+    events = [history.take_for_row(o.task_id, o.state) for o in kept]
     try:
-        rows = backend.result_rows([(o.task_id, backend.encode_result(o.value, o.state), o.state, o.request)
-                                    for o in kept])
+        rows = backend.result_rows([(o.task_id, backend.encode_result(o.value, o.state), o.state, o.request, text)
+                                    for o, text in zip(kept, events, strict=True)])
         # A state that is not final (RETRY) never replaces a final one (a cancel's REVOKED).
         upsert_rows(None, rows, keep_ready=all(o.state not in states.READY_STATES for o in kept))
     except Exception:
         logging.getLogger(__name__).exception("rows_not_stored items=%d", len(kept))
-        for outcome in kept:
+        for outcome, text in zip(kept, events, strict=True):
             outcome.request.dispatch_settle = None
+            history.give_back(outcome.task_id, text)
         return False
     for outcome in kept:
         _settle(outcome, book)
@@ -205,10 +225,13 @@ def outcome_from_redis(task_id: str, timeout: float | None, propagate: bool, int
 
 class UpsertBackend(DatabaseBackend):
     def result_row(self, task_id: str, result: Any, status: str, traceback: Any = None,
-                   request: Any = None) -> tuple[dict[str, Any], Any]:
-        """The row to store (keyed by column) and the encoded result Celery returns."""
+                   request: Any = None, events: str = "") -> tuple[dict[str, Any], Any]:
+        """The row to store (keyed by column) and the encoded result Celery returns; ``events``: the task's
+        history events it carries (``tasks.history.take_for_row``), in its ``meta``."""
         content_type, content_encoding, encoded = self.encode_content(result)
         meta = {**self._get_meta_from_request(request), "children": self.current_task_children(request)}
+        if events:
+            meta[history.ROW_META_KEY] = events
         _, _, encoded_meta = self.encode_content(meta)
         row = self._get_extended_properties(request, traceback)
         if getattr(request, "shadow", None):  # the task type (lanes.messages), not its handler
@@ -217,24 +240,27 @@ class UpsertBackend(DatabaseBackend):
                    meta=encoded_meta, result=encoded, status=status, traceback=traceback)
         return row, encoded
 
-    def result_rows(self, outcomes: Sequence[tuple[str, Any, str, Any]]) -> list[dict[str, Any]]:
-        """The rows of many outcomes (task id, encoded result, state, request; no traceback): each what
-        ``result_row`` makes, with what every row of a group shares looked up or encoded once (the
+    def result_rows(self, outcomes: Sequence[tuple[str, Any, str, Any, str]]) -> list[dict[str, Any]]:
+        """The rows of many outcomes (task id, encoded result, state, request, history events; no traceback):
+        each what ``result_row`` makes, with what every row of a group shares looked up or encoded once (the
         ``result_extended`` setting, the empty meta, the ``argsrepr`` the platform's messages carry)."""
         extended = bool(self.app.conf.find_value_for_key("extended", "result"))
         encoded: dict[str, Any] = {}  # argsrepr -> its encoding ("()" for every platform message)
         empty_meta = None
         rows = []
-        for task_id, result, status, request in outcomes:
+        for task_id, result, status, request, events in outcomes:
             content_type, content_encoding, content = self.encode_content(result)
             meta = getattr(request, "meta", None) or {}
             children = getattr(request, "children", None)
-            if not meta and not children:
+            if not meta and not children and not events:
                 if empty_meta is None:
                     empty_meta = self.encode_content({"children": []})[2]
                 encoded_meta = empty_meta
             else:
-                encoded_meta = self.encode_content({**meta, "children": self.current_task_children(request)})[2]
+                full = {**meta, "children": self.current_task_children(request)}
+                if events:
+                    full[history.ROW_META_KEY] = events
+                encoded_meta = self.encode_content(full)[2]
             row: dict[str, Any] = {"periodic_task_name": None, "task_args": None, "task_kwargs": None,
                                    "task_name": None, "traceback": None, "worker": None}
             if request and extended:  # as DatabaseBackend._get_extended_properties
@@ -266,11 +292,16 @@ class UpsertBackend(DatabaseBackend):
                       request: Any = None, using: str | None = None) -> Any:
         if status == states.STARTED:
             return super()._store_result(task_id, result, status, traceback, request, using)
-        row, encoded = self.result_row(task_id, result, status, traceback, request)
         if not keeps_row(getattr(request, "shadow", None), status):
-            return encoded  # its type keeps no row for this outcome (TaskType.store_result)
-        # A state that is not final (RETRY) never replaces a final one (a cancel's REVOKED).
-        upsert_row(using, row, keep_ready=status not in states.READY_STATES)
+            return self.encode_content(result)[2]  # its type keeps no row for this outcome (TaskType.store_result)
+        events = history.take_for_row(task_id, status)
+        try:
+            row, encoded = self.result_row(task_id, result, status, traceback, request, events=events)
+            # A state that is not final (RETRY) never replaces a final one (a cancel's REVOKED).
+            upsert_row(using, row, keep_ready=status not in states.READY_STATES)
+        except BaseException:
+            history.give_back(task_id, events)
+            raise
         return encoded
 
 

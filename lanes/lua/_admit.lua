@@ -6,7 +6,8 @@
 -- ``pend`` nil: every write is made at once (a chunk of one). A table: an item
 -- published directly (unlimited, due now, its chat's head or no chat) defers
 -- the lane's writes that many items share to pend_flush: the waiting count's
--- INCR (one INCRBY), the deadlines and leases ZADDs (one each) and the lane
+-- INCR (one INCRBY), the deadlines ZADD (one; pend.leases is empty since no direct publish
+-- writes a queued lease) and the lane
 -- list's LPUSH (one per priority list, the items in their order, so the list
 -- holds them as one LPUSH each would have left them) and the lane's doorbell's
 -- ring (_lib.lua), once a call, and only for a list that was empty. Nothing in a call reads
@@ -176,16 +177,11 @@ elseif direct then
       pend.order[#pend.order + 1] = queue_key
     end
     list[#list + 1] = tagged
-    if not pend.lease_until then
-      pend.lease_until = string.format('%.0f', tonumber(c.now_ms) + tonumber(c.queued_lease_ms))
-    end
-    local l = pend.leases
-    l[#l + 1] = pend.lease_until
-    l[#l + 1] = record
   else
     if rings_for(redis.call('LPUSH', queue_key, tagged), 1) then ring(bell_of(queue_key), bell_bit(queue_key)) end
-    redis.call('ZADD', c.leases, tonumber(c.now_ms) + tonumber(c.queued_lease_ms), record)
   end
+  -- No queued lease while its copy waits in the list: the pop that takes it writes one (pop_more.lua),
+  -- and audit.lua finds a copy lost from an empty list (docs/liveness.md).
 end
 if it.dedupe_key then
   -- A throttle's key is held for its window; a debounce's while its task may still wait (its deadline).

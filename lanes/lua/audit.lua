@@ -7,11 +7,12 @@
 -- KEYS[7] live processes (zset: host:pid -> liveness expiry ms)
 -- KEYS[8] vouched processes (zset: host:pid -> until ms)
 -- KEYS[9] where the walk of parked leases goes on from (an offset)
+-- KEYS[10] where the walk of the waiting tasks (the deadlines set) goes on from (an offset)
 -- ARGV: 1 now ms, 2 chats per call, 3 queued lease ms, 4 chat key prefix
 --   ('dispatch:chat:'), 5 chat-waiting key prefix, 6 limits key prefix,
 --   7 lane key prefix, 8 held-set key prefix, 9 how long a head may be held
 --   (ms: attempt limit plus lease) by task type, as JSON, 10 the same for a type not named there,
---   11 parked leases looked at per call
+--   11 parked leases looked at per call, and waiting tasks looked at per call
 -- Returns {chats_checked, heads_handed_over, heads_republished, index_entries_dropped,
 --   then per repair: lane, chat id ('' for a task of no chat), task id, cause}; causes: 'vanished' / 'cancelled'
 --   (head record gone or cancelled: handed over), 'no_lease' (republished),
@@ -32,6 +33,11 @@
 --   worker took it and lost it unclaimed (FAULTS.md, the stuck chat of scenarios
 --   4 and 10: its claim met Redis away and the task was acked, or its pop's
 --   reply was lost, the record left named in the live worker's in-hand set).
+-- - queued and published with no lease at all, its lane list empty: its copy is gone and no pop took
+--   it (admission writes no queued lease: the copy waits in the list, and the pop that takes it leases
+--   it in the same call, pop_more.lua), so it is republished at once, as the sweep republished a
+--   queued record whose lease ran out onto an empty list before admission stopped writing one. These
+--   are found by a walk over the deadlines set (every waiting task), a batch per call, reading only.
 -- The first pass that sees such a head notes it on the record ('aud': what it saw
 -- and when); a later pass repairs it if nothing moved since. A republished head
 -- stays the head (chat order kept); an old copy, if one survives, meets its claim
@@ -41,6 +47,7 @@
 
 local chats, leases, cursor_key, metrics_total, metrics_minute, deadlines, procs, vouched, parked_cursor =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
+local waiting_cursor = KEYS[10]
 local now, batch, queued_lease_ms, chat_prefix, chat_waiting_prefix, limit_prefix, lane_prefix = tonumber(ARGV[1]),
   tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local held_prefix, held_json, held_default_ms, parked_batch = ARGV[8], ARGV[9], tonumber(ARGV[10]), tonumber(ARGV[11])
@@ -119,9 +126,12 @@ for i = 1, #entries, 2 do
     dropped = dropped + 1
   else
     local record = records .. head
-    local r = redis.call('HMGET', record, 'st', 'lane', 'type')
+    local r = redis.call('HMGET', record, 'st', 'lane', 'type', 'pub')
     local st, lane = r[1], r[2]
     local lease = redis.call('ZSCORE', leases, record)
+    -- Published and waiting in its list: no lease by design (its copy is there; lost from an empty list,
+    -- the waiting walk below republishes it). A head never published (pub 0) has lost its hand-over.
+    local listed = st == 'queued' and (tonumber(r[4]) or 0) > 0
     if not st or st == 'cancelled' then
       -- Vanished, or cancelled while still the head (cancel.lua hands over in the same call,
       -- so only a script aborted midway leaves this; never republish it): the chat moves on.
@@ -129,7 +139,7 @@ for i = 1, #entries, 2 do
       handed = handed + 1
       if not lane and next_id ~= '' then lane = redis.call('HGET', records .. next_id, 'lane') end
       repaired(lane, chat_id, head, st and 'cancelled' or 'vanished')
-    elseif st ~= 'limited' and not lease then
+    elseif st ~= 'limited' and not lease and not listed then
       local f = redis.call('HMGET', record, 'eta', 'dq')
       if st == 'scheduled' and tonumber(f[1]) > now then
         -- Sent for later and not due: back to its delayed set, never published early.
@@ -169,6 +179,30 @@ for _, record in ipairs(parked) do
     repaired(r[2], r[4] or '', string.match(record, '([^:]+)$'), 'lost_copy')
   end
 end
+-- The waiting tasks, from where the last call stopped (the offset wraps at the end): a published
+-- 'queued' record with no lease whose lane list is empty lost its copy (header). Each list's length
+-- is read once a call, before any republish here refills it.
+local w_offset = tonumber(redis.call('GET', waiting_cursor) or '0')
+local waiting = redis.call('ZRANGE', deadlines, w_offset, w_offset + want - 1)
+redis.call('SET', waiting_cursor, #waiting < want and 0 or w_offset + #waiting)
+if #waiting > 0 then
+  local scores = redis.call('ZMSCORE', leases, unpack(waiting))
+  local lengths = {}
+  for i, record in ipairs(waiting) do
+    if not scores[i] then
+      local r = redis.call('HMGET', record, 'st', 'pub', 'q', 'lane', 'chat')
+      if r[1] == 'queued' and (tonumber(r[2]) or 0) > 0 and r[3] then
+        if lengths[r[3]] == nil then lengths[r[3]] = redis.call('LLEN', r[3]) end
+        if lengths[r[3]] == 0 then
+          publish_record(record, leases, lease_until)
+          if r[5] and r[5] ~= '' then republished = republished + 1 end
+          repaired(r[4], r[5] or '', string.match(record, '([^:]+)$'), 'lost_copy')
+        end
+      end
+    end
+  end
+end
+
 local out = {checked, handed, republished, dropped}
 for _, v in ipairs(repairs) do out[#out + 1] = v end
 return out

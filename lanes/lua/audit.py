@@ -39,11 +39,12 @@ def audit(*, now_ms: int, batch: int, queued_lease_ms: int, held_ms: Mapping[str
     """Check ``batch`` chats of the index (from the cursor on). ``held_ms``: by task type, how long a head
     may be held (its attempt limit plus the lease) before an owner that cannot move it counts as stuck;
     ``held_default_ms`` for a type not in it; ``parked_batch`` parked leases looked at (queued tasks the
-    sweep left waiting in their lane list, of a chat or of none)."""
+    sweep left waiting in their lane list, of a chat or of none), and as many waiting tasks (the deadlines
+    set: a published one with no lease whose lane list is empty lost its copy)."""
     reply = script(NAME)(
         keys=[keys.chat_index(), keys.LEASES, keys.CHAT_AUDIT_CURSOR, keys.METRICS_TOTAL,
               keys.metrics_minute(now_ms // 60000), keys.DEADLINES, keys.PROCS, keys.PROCS_VOUCHED,
-              keys.PARKED_AUDIT_CURSOR],
+              keys.PARKED_AUDIT_CURSOR, keys.WAITING_AUDIT_CURSOR],
         args=[now_ms, batch, queued_lease_ms, keys.CHAT_PREFIX, keys.lane_chat_waiting(""), keys.LIMIT_PREFIX,
               keys.LANE_PREFIX, keys.HELD_PREFIX, json.dumps(dict(held_ms or {})),
               NEVER_MS if held_default_ms is None else held_default_ms, parked_batch],

@@ -16,7 +16,16 @@
 --   pop: claim_max (most items to claim; 0: none), handlers (the handlers whose
 --   messages may be claimed, each between newlines), owner_prefix (item i claimed
 --   is owned by owner_prefix .. i), now_ms, lease_ms, max_deliveries, lane_prefix,
---   chat_prefix
+--   chat_prefix; then queued_lease_ms (the queued lease of a 'queued' record popped and not claimed)
+--
+-- The queued lease is written here, not at admission: a record waiting in its list needs none (its
+-- copy is there; audit.lua finds one lost from an empty list), and one that leaves its list leaves
+-- it in this call, so a copy the popping process loses unclaimed (its reply lost, its claim met Redis
+-- away) is republished by the sweep once this lease runs out, as admission's lease had it. Each
+-- 'queued' record popped and not claimed here gets now + queued_lease_ms (what it had from an
+-- earlier publish, or a parked '+inf', replaced: it left its list now); in the claims' ZADD when the
+-- call claims, else in one ZADD of its own (one a pop, not a task). A record in any other state keeps
+-- its lease (a claim's, a finished record's settle lease).
 --
 -- The claim at the pop (tasks/grouping.py): a worker whose run threads are idle has
 -- up to claim_max of the records it pops claimed here, each exactly as start.lua
@@ -57,6 +66,7 @@ local in_hand, procs, bell, held, leases, config_version, deadlines = unpack(KEY
 local want, register, register_ms, bits_arg = tonumber(ARGV[1]), ARGV[2], ARGV[3], ARGV[4]
 local claim_max, handlers, owner_prefix, now_ms, lease_ms, max_deliveries, lane_prefix, chat_prefix =
   tonumber(ARGV[5]), ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10], ARGV[11], ARGV[12]
+local queued_lease_ms = tonumber(ARGV[13])
 local lane_lists = {unpack(KEYS, 8)}
 local lists = #lane_lists
 
@@ -104,6 +114,7 @@ local bits = tonumber(bits_arg) or bit.lshift(1, lists) - 1
 local left = lists  -- lists known to hold something not met yet (all: the token says nothing more)
 if bits_arg == '' then left = redis.call('EXISTS', unpack(lane_lists)) end
 local out, records, n = {''}, {}, 0
+local queued = {}  -- the queued leases of the 'queued' records popped and not claimed: score, record, ...
 local behind = 0  -- bits of the lists that may still hold messages when the room is full
 for p = 0, lists - 1 do
   local bit_p = bit.lshift(1, p)
@@ -139,7 +150,13 @@ for p = 0, lists - 1 do
                 owner = owner_prefix .. (#c.claimed + 1)
                 if claim_fields(c, record, f, task_id, f[CLAIM_ATT], owner, '', chat_queue, '') ~= 'run' then owner = '' end
               end
-              if owner == '' then records[#records + 1] = record end
+              if owner == '' then
+                records[#records + 1] = record
+                if f[CLAIM_ST] == 'queued' then
+                  queued[#queued + 1] = c.now + queued_lease_ms
+                  queued[#queued + 1] = record
+                end
+              end
               n = n + 1
               out[#out + 1] = f[MSG]
               out[#out + 1] = record
@@ -154,8 +171,11 @@ for p = 0, lists - 1 do
 end
 if #records > 0 then redis.call('SADD', in_hand, unpack(records)) end
 if #c.claimed > 0 then
+  for _, v in ipairs(queued) do c.leased[#c.leased + 1] = v end  -- one ZADD with the claims' leases
   claim_flush(c)
   out[1] = redis.call('GET', config_version) or '0'
+elseif #queued > 0 then
+  redis.call('ZADD', leases, unpack(queued))
 end
 if register ~= '' and (#records > 0 or #c.claimed > 0) then redis.call('ZADD', procs, 'NX', register_ms, register) end
 if behind ~= 0 then ring(bell, behind) end

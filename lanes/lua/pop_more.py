@@ -59,7 +59,8 @@ def pop_more(client: Redis, lane: str, lists: Sequence[str], room: int, bits: in
               keys.CONFIG_VERSION, keys.DEADLINES, *lists],
         args=[room, register, leases.liveness_expiry_ms(), "" if bits is None else bits, claim_max, handlers,
               owner_prefix, int(time.time() * 1000), int(settings.DISPATCH_LEASE_S * 1000),
-              settings.DISPATCH_MAX_DELIVERIES, keys.LANE_PREFIX, keys.CHAT_PREFIX],
+              settings.DISPATCH_MAX_DELIVERIES, keys.LANE_PREFIX, keys.CHAT_PREFIX,
+              int(settings.DISPATCH_QUEUED_LEASE_S * 1000)],
         client=client)
     version = _text(popped[0])
     out = []

@@ -16,7 +16,11 @@
 -- (stopped: only its lease bounds how long it may still act), a finished record
 -- its live worker could not settle, a message lost from the broker.
 --
--- A queued record whose lease ran out is never searched for in its lane list (that cost grew with the backlog): if the list is empty its
+-- A queued record has a queued lease once a pop took its copy (pop_more.lua: popped, not claimed) or
+-- something published it again (publish_record: a retry, a hand-over, a republish); admission writes
+-- none, the copy waiting in its list needing none (audit.lua's walk of the waiting tasks finds one lost
+-- from an empty list). A queued record whose lease ran out is never searched for in its lane list (that
+-- cost grew with the backlog): if the list is empty its
 -- copy is gone (popped, or lost) and it is republished; otherwise it is
 -- waiting there and its lease is parked ('+inf': looked at once, then never
 -- again while it waits; once popped, the popping worker's in-hand set and

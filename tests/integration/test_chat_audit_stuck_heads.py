@@ -85,8 +85,10 @@ def test_a_head_lost_unclaimed_after_its_pop_is_republished_and_its_chat_runs_in
     _audit_until(rc, now_ms)
 
     assert _repaired(rc, lane, "lost_copy") == before + 1
-    # The bystander's head waits in its list with its copy: left alone.
-    assert rc.zscore(keys.LEASES, keys.task_record(bystander.task_id, other)) == float("inf")
+    # The bystander's head waits in its list with its copy: left alone (no lease: admission writes none, and
+    # no pop took it; before 2026-12-02 the sweep parked the one admission wrote).
+    assert rc.zscore(keys.LEASES, keys.task_record(bystander.task_id, other)) is None
+    assert rc.hget(keys.task_record(bystander.task_id, other), "pub") == b"1"
     rc.srem(in_hand, head)
     event = LaneEvent.objects.filter(lane=lane, action="chat_repaired").get()
     assert sent[0].task_id in event.detail and "lost_copy" in event.detail
@@ -119,7 +121,7 @@ def test_a_task_of_no_chat_lost_unclaimed_after_its_pop_is_republished(rc):
     assert _repaired(rc, lane, "lost_copy") == before + 1
     copies = [m for q in keys.lane_queues(lane) for m in rc.lrange(q, 0, -1)]
     assert len(copies) == 2 and any(lost.task_id.encode() in m for m in copies)
-    assert rc.zscore(keys.LEASES, keys.task_record(bystander.task_id)) == float("inf")  # its copy waits
+    assert rc.zscore(keys.LEASES, keys.task_record(bystander.task_id)) is None  # its copy waits, never popped
     rc.srem(keys.process_in_hand(leases.process_id()), record)
     event = LaneEvent.objects.filter(lane=lane, action="chat_repaired").get()
     assert event.detail.startswith(f"task {lost.task_id} ")

@@ -25,13 +25,13 @@ def test_a_groups_rows_are_each_what_result_row_makes(monkeypatch, extended):
     assert isinstance(backend, UpsertBackend)
     monkeypatch.setitem(current_app.conf, "result_extended", extended)
     outcomes = [
-        ("t-1", {"ok": 1}, states.SUCCESS, _request(1)),
-        ("t-2", None, states.SUCCESS, _request(2, shadow=None)),
-        ("t-3", backend.encode_result(ValueError("no"), states.FAILURE), states.FAILURE, _request(3)),
-        ("t-4", "x", states.SUCCESS, _request(4, meta={"k": "v"}, argsrepr="(1,)")),
+        ("t-1", {"ok": 1}, states.SUCCESS, _request(1), ""),
+        ("t-2", None, states.SUCCESS, _request(2, shadow=None), '[["started", 1.5]]'),
+        ("t-3", backend.encode_result(ValueError("no"), states.FAILURE), states.FAILURE, _request(3), ""),
+        ("t-4", "x", states.SUCCESS, _request(4, meta={"k": "v"}, argsrepr="(1,)"), '[["started", 2.5]]'),
         ("t-5", [1, 2], states.RETRY, _request(5, argsrepr=None, args=[1], kwargsrepr=None, kwargs={"a": 1},
-                                               periodic_task_name="nightly")),
+                                               periodic_task_name="nightly"), ""),
     ]
-    alone = [backend.result_row(task_id, result, state, None, request)[0]
-             for task_id, result, state, request in outcomes]
+    alone = [backend.result_row(task_id, result, state, None, request, events=events)[0]
+             for task_id, result, state, request, events in outcomes]
     assert backend.result_rows(outcomes) == alone
