@@ -228,8 +228,8 @@ def kombu_message(stored: bytes | str, task_id: str, record: str, delivery_tag: 
 def written_message(stored: bytes | str, task_id: str, record: str, delivery_tag: str) -> Written:
     """:func:`kombu_message`, with the payload's text and the envelope it parsed to write the headers."""
     if (isinstance(stored, bytes) and stored[:1] == b"{") or (isinstance(stored, str) and stored[:1] == "{"):
-        raw = stored.encode() if isinstance(stored, str) else stored
-        return Written(orjson.loads(raw.replace(b"\0", delivery_tag.encode())))
+        whole = stored.encode() if isinstance(stored, str) else stored
+        return Written(orjson.loads(whole.replace(b"\0", delivery_tag.encode())))
     handler, hard, soft, payload_json, envelope_json = stored_parts(stored)
     env = _loads(envelope_json)
     headers = _headers(handler, env["type"]).copy()
