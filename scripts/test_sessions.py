@@ -54,8 +54,9 @@ def start(name: str, paths: list[str], args: list[str]) -> tuple[subprocess.Pope
 
 
 def summary_of(text: str) -> str:
-    """pytest's last ``===`` line (``3 failed, 412 passed in 401.2s``), or a note that there was none."""
-    lines = re.findall(r"^=+ (.+?) =+$", text, re.M)
+    """pytest's closing line (``3 failed, 412 passed in 401.2s``; framed by ``=`` unless ``-q``), or a note
+    that there was none."""
+    lines = re.findall(r"^=* ?((?:\d+ \w+|no tests ran)\b.* in [\d.]+s\b.*?) ?=*$", text, re.M)
     return lines[-1] if lines else "no summary line (the session did not finish; see its log above)"
 
 
