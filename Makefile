@@ -17,8 +17,10 @@ $(STAMP): requirements.txt
 run: $(STAMP)
 	@$(BIN)/python scripts/run.py
 
+# Two pytest sessions side by side, each with its own Redis and database (scripts/test_sessions.py);
+# PYTEST_ARGS goes to both, or is one ordinary session when it names a test path.
 test: $(STAMP)
-	@$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@$(BIN)/python scripts/test_sessions.py $(PYTEST_ARGS)
 
 # The unit tier alone: pure logic, no Redis, no database, no worker (under a minute).
 test-fast: $(STAMP)
