@@ -90,7 +90,7 @@ from kombu.utils.json import loads
 from lanes import keys, leases
 from lanes.lua.pop_more import Popped, pop_more
 from lanes.lua.ring import ring
-from lanes.messages import LEASED_HEADER, RECORD_HEADER, WRITTEN_ATTRIBUTE, Written, kombu_message, written_message
+from lanes.messages import LEASED_HEADER, RECORD_HEADER, WRITTEN_ATTRIBUTE, Written, written_message
 from lanes.signals import message_unreadable
 
 logger = logging.getLogger(__name__)
@@ -438,20 +438,18 @@ class Channel(kombu_redis.Channel):
 
 
 def _message_of(item: bytes | Popped) -> dict:
-    """The kombu message of a popped item: a record's stored message written out (``lanes.messages``),
-    or a whole message decoded."""
-    if isinstance(item, Popped):
-        if item.tag:
-            return kombu_message(item.message, item.tag.rpartition(".")[0], item.record, item.tag)
-        item = item.message
-    return loads(bytes_to_str(item))
+    """The kombu message of a popped item (:func:`_written_of`'s ``raw``)."""
+    return _written_of(item).raw
 
 
 def _written_of(item: bytes | Popped) -> Written:
-    """:func:`_message_of`, with the parts of the body a record's message was written from."""
-    if isinstance(item, Popped) and item.tag:
-        return written_message(item.message, item.tag.rpartition(".")[0], item.record, item.tag)
-    return Written(_message_of(item))
+    """A popped item's kombu message with the parts it was written from: a record's stored message written out
+    (``lanes.messages``), or a whole message decoded (no parts)."""
+    if isinstance(item, Popped):
+        if item.tag:
+            return written_message(item.message, item.tag.rpartition(".")[0], item.record, item.tag)
+        item = item.message
+    return Written(loads(bytes_to_str(item)))
 
 
 def _token_bits(token: str | None) -> int | None:
