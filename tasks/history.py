@@ -55,6 +55,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -205,24 +206,30 @@ def take_for_row(task_id: str, state: str) -> str:
 
     The caller stores the row and gives the text back (``give_back``) if it could not: then the flush
     writes it to Redis as before. Never raises, never waits on Redis."""
+    return take_for_rows([(task_id, state)])[0]
+
+
+def take_for_rows(rows: Sequence[tuple[str, str]]) -> list[str]:
+    """:func:`take_for_row` for each (task id, state) of a group's rows, the configuration read once."""
     global _count
-    if state not in ROW_STATES:
-        return ""
     with _lock:
-        if task_id not in _events:
-            return ""
+        wanted = [state in ROW_STATES and task_id in _events for task_id, state in rows]
+    if not any(wanted):
+        return [""] * len(rows)
     try:
         if not rows_outlive_history():
-            return ""
+            return [""] * len(rows)
     except Exception:  # noqa: BLE001 - the configuration unreadable: the key, as before
-        return ""
+        return [""] * len(rows)
+    texts = []
     with _lock:
-        lines = _events.pop(task_id, None)
-        if not lines:
-            return ""
-        _count -= len(lines)
-        _trim.discard(task_id)  # nothing is added to its key this time
-    return _text_of(lines)
+        for (task_id, _state), want in zip(rows, wanted, strict=True):
+            lines = _events.pop(task_id, None) if want else None
+            if lines:
+                _count -= len(lines)
+                _trim.discard(task_id)  # nothing is added to its key this time
+            texts.append(lines)
+    return [_text_of(lines) if lines else "" for lines in texts]
 
 
 def give_back(task_id: str, text: str) -> None:

@@ -164,7 +164,7 @@ def store_rows(backend: UpsertBackend, outcomes: Sequence[Outcome], book: leases
             _settle(outcome, book)
     if not kept:
         return True
-    events = [history.take_for_row(o.task_id, o.state) for o in kept]
+    events = history.take_for_rows([(o.task_id, o.state) for o in kept])
     try:
         rows = backend.result_rows([(o.task_id, backend.encode_result(o.value, o.state), o.state, o.request, text)
                                     for o, text in zip(kept, events, strict=True)])
