@@ -698,6 +698,10 @@ def _latency_summary(ok: list[Measurement]) -> dict[str, dict[str, float | None]
             values = [float(v) for p in parts if (v := p.get(k)) is not None]
             if values:
                 summary[k] = round(statistics.median(values), 3)
+        cpus = [p["cpu_ms_per_task"] for p in parts if isinstance(p.get("cpu_ms_per_task"), dict)]
+        if cpus:
+            summary["cpu_ms_per_task"] = {k: round(statistics.median(c.get(k, 0.0) for c in cpus), 3)  # type: ignore[assignment]
+                                          for k in cpus[0]}
         out[phase] = summary
     return out
 
@@ -706,7 +710,14 @@ def _latency_line(m: Measurement) -> str:
     idle, load = m.latency_ms.get("idle", {}), m.latency_ms.get("load", {})
     return (f"idle p50 {idle.get('p50')} p99 {idle.get('p99')} ms ({idle.get('count'):g}/{idle.get('sent'):g}); "
             f"at {load.get('rate')}/s p50 {load.get('p50')} p99 {load.get('p99')} ms "
-            f"({load.get('count'):g}/{load.get('sent'):g})")
+            f"({load.get('count'):g}/{load.get('sent'):g}); cpu ms/task {_cpu_line(load.get('cpu_ms_per_task'))}")
+
+
+def _cpu_line(cpu: Any) -> str:
+    """``producer|worker_main|worker_pool|redis`` ms a task, or ``-``."""
+    if not isinstance(cpu, dict):
+        return "-"
+    return "|".join(f"{cpu.get(k, 0):.2f}" for k in ("producer", "worker_main", "worker_pool", "redis"))
 
 
 TABLE_COLUMNS = ["workload", "system", "median/s", "[min-max]", "x celery", "x best dramatiq", "x best peer",
@@ -882,7 +893,9 @@ def _latency(spec: dict, send: Callable[[int, dict], int], empty: _Empty) -> dic
     idle_n, gap_s = int(plan["idle_n"]), float(plan["gap_ms"]) / 1000
     load_n, rate = int(plan["load_n"]), float(plan["rate"])
     rejected = 0
+    pids = _process_tree(spec["worker_pids"])
     for phase, count in (("idle", idle_n), ("load", load_n)):
+        cpu0, pcpu0 = _cpu(pids, spec.get("redis_pid")), time.process_time()
         t0 = time.perf_counter()
         for i in range(count):
             if phase == "idle":
@@ -895,11 +908,15 @@ def _latency(spec: dict, send: Callable[[int, dict], int], empty: _Empty) -> dic
             rejected += send(i, {"n": i, "ms": 0, "t": time.time(), "ph": phase})
         offered = count / max(1e-9, time.perf_counter() - t0)
         _wait_drained(empty, timeout=300)
+        pcpu, cpu1 = time.process_time() - pcpu0, _cpu(pids, spec.get("redis_pid"))
         sent = count - rejected
         starts = _wait_recorded(directory, phase, sent, timeout=60)
         waits = [(start - at) * 1000 for (ph, _), (at, start) in starts.items() if ph == phase]
         pct = percentiles(waits, (50, 99))
         phases[phase] = {"sent": sent, "count": len(waits), "p50": _ms(pct["p50"]), "p99": _ms(pct["p99"])}
+        # CPU a task in this phase (the paced flow takes few messages a pop: not the backlog's cost).
+        phases[phase]["cpu_ms_per_task"] = {"producer": round(pcpu * 1000 / count, 3), **{
+            k: round((cpu1[k] - cpu0[k]) * 1000 / count, 3) for k in cpu0}}
         if phase == "load":
             phases[phase].update({"rate": round(offered, 1), "capacity": round(float(plan["capacity"]), 1)})
         rejected = 0
