@@ -276,6 +276,10 @@ DISPATCH_GROUP_PREFETCH = int(os.environ.get("DISPATCH_GROUP_PREFETCH", "4"))
 #: A grouping worker's pop claims the plain messages its idle run threads will run (pop_more.lua: the
 #: claim's round trip saved). Off: each is claimed by the run thread's own call (the same outcomes).
 DISPATCH_CLAIM_AT_POP = env_bool("DISPATCH_CLAIM_AT_POP", True)
+#: A worker consuming one lane writes its pop (pop_more.lua) behind its BRPOP on the lane's doorbell, in
+#: one write: Redis runs it as the BRPOP returns (a round trip less a pop: what an idle lane's first
+#: message waits for). Off: the pop is its own call once the BRPOP's reply is read (the same outcomes).
+DISPATCH_POP_WITH_BRPOP = env_bool("DISPATCH_POP_WITH_BRPOP", True)
 #: Threads a grouping worker may have stuck in handlers past their attempt limit before it takes no
 #: more work and shuts down warm for a fresh one (0: the worker's concurrency).
 DISPATCH_STUCK_THREADS_MAX = int(os.environ.get("DISPATCH_STUCK_THREADS_MAX", "0"))

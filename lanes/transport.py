@@ -48,7 +48,20 @@ idle worker wakes. A ``BRPOP`` that times out (kombu's ``brpop_timeout``, 1 s)
 looks at every list of the channel's lanes anyway, and so does a token when the
 lane's lists were not all looked at within that time: a token lost with a
 killed worker, or a message pushed without a ring (a bare Celery client),
-waits about a second at most. With ``appendfsync always`` (``make run``'s
+waits about a second at most.
+
+The pop behind the ``BRPOP`` (``DISPATCH_POP_WITH_BRPOP``): a channel of one
+lane (a platform worker's) writes its ``POP_MORE`` call right behind the
+``BRPOP``, in one write; Redis runs it as the ``BRPOP`` returns, so an idle
+lane's first message waits for no round trip of its own after the token. Its
+terms (room, claims, ``now_ms``) are those of the send: the channel delivers
+nothing while the ``BRPOP`` is in flight, so its room can only have grown, and
+its leases count from up to a ``BRPOP`` timeout earlier. A server without the
+script (a restart, a ``SCRIPT FLUSH``) refuses it with ``NOSCRIPT`` and that
+pop is made the usual way, which loads it; what a closing channel, or a lane
+cancelled since the send, popped is handed back to its lane.
+
+With ``appendfsync always`` (``make run``'s
 Redis) a pop is a write whose reply waits for Redis's next fsync, so taking
 several messages a pop is what lets a worker take more than one per fsync.
 
@@ -82,13 +95,14 @@ from functools import cached_property
 from typing import Any
 
 import redis
+from django.conf import settings
 from kombu.transport import redis as kombu_redis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 
 from lanes import keys, leases
-from lanes.lua.pop_more import Popped, pop_more
+from lanes.lua.pop_more import PopCall, Popped, pop_call, pop_more, popped_of
 from lanes.lua.ring import ring
 from lanes.messages import LEASED_HEADER, RECORD_HEADER, WRITTEN_ATTRIBUTE, Written, written_message
 from lanes.signals import message_unreadable
@@ -253,21 +267,59 @@ class Channel(kombu_redis.Channel):
         names = [keys.lane_doorbell(queue) if queue in lanes else self._q_for_pri(queue, pri)
                  for pri in self.priority_steps for queue in queues if queue not in lanes or pri == first]
         self._bells = bells
-        self._in_poll = self.client.connection
+        connection = self._in_poll = self.client.connection
         self._brpop_sent_at = kombu_redis.monotonic()
         command_args = ["BRPOP", *names, timeout or 0]
         if self.global_keyprefix:
             command_args = self.client._prefix_args(command_args)
-        self.client.connection.send_command(*command_args)
+        self._pop_behind = call = self._pop_behind_brpop(lanes)
+        if call is None:
+            connection.send_command(*command_args)
+        else:  # one write: Redis runs the pop as the BRPOP returns, no round trip of its own
+            connection.send_packed_command(connection.pack_commands([command_args, call[1].command()]))
+
+    #: The pop written behind the BRPOP in flight: (its lane, its call), or None.
+    _pop_behind: tuple[str, PopCall] | None = None
+
+    def _pop_behind_brpop(self, lanes: set[str]) -> tuple[str, PopCall] | None:
+        """The lane's pop to write behind the BRPOP (``DISPATCH_POP_WITH_BRPOP``): a channel of one lane,
+        every list looked at (a token's bits are not known yet), the terms (room, claims) of now: the BRPOP
+        in flight, the channel delivers nothing until it returns, so its room can only have grown."""
+        if len(lanes) != 1 or self.global_keyprefix or not settings.DISPATCH_POP_WITH_BRPOP or self.closed:
+            return None
+        [lane] = lanes
+        book = self.lease_book
+        claims = book.pop_claims() if book.pop_claims is not None else None
+        lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
+        return lane, pop_call(lane, lists, max(1, self._room()), None, book=book, claims=claims)
+
+    def _read_pop_behind(self, behind: tuple[str, PopCall] | None) -> list[Popped] | None:
+        """The reply of the pop written behind the BRPOP (read in every case: it follows the BRPOP's on the
+        connection); None: none was written, or Redis refused it (``NOSCRIPT`` after a restart or a flush:
+        the pop is then made the usual way, which loads the script)."""
+        if behind is None:
+            return None
+        try:
+            return popped_of(self.client.parse_response(self.client.connection, "EVALSHA"))
+        except self.connection_errors:
+            raise
+        except redis.exceptions.ResponseError as exc:
+            logger.info("pop_behind_brpop_refused lane=%s error=%s: popped the usual way", behind[0], exc)
+            return None
 
     def _brpop_read(self, **options):
         # kombu's, for three replies: a message of a queue that is not a lane (delivered as
         # kombu does), a lane's doorbell token (POP_MORE takes that lane's messages), or
         # nothing within the timeout (POP_MORE looks at every lane's lists anyway).
         bells, lane, token = self._bells, None, None
+        behind, self._pop_behind = self._pop_behind, None
+        popped: list[Popped] | None = None
         try:
             try:
-                dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+                try:
+                    dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+                finally:
+                    popped = self._read_pop_behind(behind)
             except self.connection_errors:
                 self.client.connection.disconnect()  # the next iteration reconnects
                 raise
@@ -279,6 +331,8 @@ class Channel(kombu_redis.Channel):
                     queue = dest.rsplit(self.sep, 1)[0]
                     self._queue_cycle.rotate(queue)
                     self._deliver_popped(item, queue)
+                    if popped and behind is not None:
+                        self._deliver_all(behind[0], popped)
                     return True
                 token = bytes_to_str(item)
         finally:
@@ -286,6 +340,19 @@ class Channel(kombu_redis.Channel):
             flush_reauth = getattr(self, "_flush_brpop_reauth", None)
             if flush_reauth is not None:
                 flush_reauth()
+        if popped is not None and behind is not None:
+            # The pop ran as the BRPOP returned (a token or its timeout), every list looked at. Delivered as
+            # ``_take`` delivers; closing, or the lane cancelled (paused) since, handed back for another worker.
+            lane = behind[0]
+            self._looked_at_all[lane] = time.monotonic()
+            self._queue_cycle.rotate(lane)
+            if popped and (getattr(self, "_closing", False) or lane not in self.active_queues):
+                self._hand_back_all(popped)
+                raise kombu_redis.Empty()
+            if popped:
+                self._deliver_all(lane, popped)
+                return True
+            raise kombu_redis.Empty()
         if lane is not None:
             self._queue_cycle.rotate(lane)
             if getattr(self, "_closing", False) or lane not in self.active_queues:
@@ -362,6 +429,12 @@ class Channel(kombu_redis.Channel):
         # trip less a task); what runs them takes each claim from the book (tasks.grouping).
         claims = book.pop_claims() if book.pop_claims is not None else None
         popped = pop_more(self._calls(), lane, lists, max(1, self._room()), bits, book=book, claims=claims)
+        self._deliver_all(lane, popped)
+        return len(popped)
+
+    def _deliver_all(self, lane: str, popped: list[Popped]) -> None:
+        """Deliver what a pop of ``lane`` took, each claim in the book first."""
+        book = self.lease_book
         try:
             for item in popped:
                 self._popped_in_hand = item.record
@@ -370,7 +443,25 @@ class Channel(kombu_redis.Channel):
                 self._deliver_popped(item, lane)
         finally:
             self._popped_in_hand = ""
-        return len(popped)
+
+    def _hand_back_all(self, popped: list[Popped]) -> None:
+        """Put what a pop took back in its lane, as a rejected message is (``QoS.reject``, requeued; it rings):
+        a claim the pop made is let go with it, and its lease brings the task back, as any claim nothing took."""
+        book = self.lease_book
+        try:
+            for item in popped:
+                self._popped_in_hand = item.record
+                if item.owner:
+                    book.claimed_at_pop(item.record, item)
+                try:
+                    message = self.Message(_written_of(item).raw, channel=self)
+                except Exception as exc:  # noqa: BLE001 - as _deliver_popped: an undecodable one is dropped
+                    self._drop_unreadable(item, exc)
+                    continue
+                self.qos.append(message, message.delivery_tag)
+                self.qos.reject(message.delivery_tag, requeue=True)
+        finally:
+            self._popped_in_hand = ""
 
     def _ring_again(self, lane: str, token: str | None) -> None:
         """Put back a doorbell token this channel took and will not act on."""
@@ -431,10 +522,13 @@ class Channel(kombu_redis.Channel):
         except self.connection_errors:
             raise
         except Exception as exc:  # noqa: BLE001 - any undecodable message must not end the worker
-            logger.error("undecodable_message_dropped error=%r", exc)
-            if isinstance(item, Popped) and item.owner and self.lease_book.take_claimed_at_pop(item.record):
-                self.lease_book.release(item.record)  # claimed, never to run here: its lease brings it back
-            _report_unreadable(exc)
+            self._drop_unreadable(item, exc)
+
+    def _drop_unreadable(self, item: bytes | Popped, exc: Exception) -> None:
+        logger.error("undecodable_message_dropped error=%r", exc)
+        if isinstance(item, Popped) and item.owner and self.lease_book.take_claimed_at_pop(item.record):
+            self.lease_book.release(item.record)  # claimed, never to run here: its lease brings it back
+        _report_unreadable(exc)
 
 
 def _message_of(item: bytes | Popped) -> dict:
