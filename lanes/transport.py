@@ -92,7 +92,7 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from django.conf import settings
@@ -226,9 +226,11 @@ class Channel(kombu_redis.Channel):
     _bells: dict[str, str]
     #: When each lane's lists were last all looked at (``time.monotonic()``).
     _looked_at_all: dict[str, float]
+    #: The lists each lane's last doorbell token named: the pop behind the next BRPOP looks at those.
+    _last_bits: dict[str, int]
 
     def __init__(self, *args, **kwargs):
-        self._bells, self._looked_at_all = {}, {}
+        self._bells, self._looked_at_all, self._last_bits = {}, {}, {}
         super().__init__(*args, **kwargs)
 
     _sync_client: redis.Redis | None = None
@@ -276,24 +278,29 @@ class Channel(kombu_redis.Channel):
         if call is None:
             connection.send_command(*command_args)
         else:  # one write: Redis runs the pop as the BRPOP returns, no round trip of its own
-            connection.send_packed_command(connection.pack_commands([command_args, call[1].command()]))
+            connection.send_packed_command(connection.pack_commands([command_args, call.call.command()]))
 
-    #: The pop written behind the BRPOP in flight: (its lane, its call), or None.
-    _pop_behind: tuple[str, PopCall] | None = None
+    #: The pop written behind the BRPOP in flight, or None.
+    _pop_behind: PopBehind | None = None
 
-    def _pop_behind_brpop(self, lanes: set[str]) -> tuple[str, PopCall] | None:
-        """The lane's pop to write behind the BRPOP (``DISPATCH_POP_WITH_BRPOP``): a channel of one lane,
-        every list looked at (a token's bits are not known yet), the terms (room, claims) of now: the BRPOP
-        in flight, the channel delivers nothing until it returns, so its room can only have grown."""
+    def _pop_behind_brpop(self, lanes: set[str]) -> PopBehind | None:
+        """The lane's pop to write behind the BRPOP (``DISPATCH_POP_WITH_BRPOP``): a channel of one lane, the
+        terms (room, claims) of now: the BRPOP in flight, the channel delivers nothing until it returns, so
+        its room can only have grown. The token is not known yet: the pop looks at the lists the last one
+        named (a lane that keeps up rings the same ones), every list when they were not all looked at for a
+        BRPOP timeout (as ``_take``); what the token names beyond them is taken once it is read."""
         if len(lanes) != 1 or self.global_keyprefix or not settings.DISPATCH_POP_WITH_BRPOP or self.closed:
             return None
         [lane] = lanes
+        bits = self._last_bits.get(lane)
+        if bits is not None and time.monotonic() - self._looked_at_all.get(lane, 0.0) >= self.brpop_timeout:
+            bits = None
         book = self.lease_book
         claims = book.pop_claims() if book.pop_claims is not None else None
         lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
-        return lane, pop_call(lane, lists, max(1, self._room()), None, book=book, claims=claims)
+        return PopBehind(lane, bits, pop_call(lane, lists, max(1, self._room()), bits, book=book, claims=claims))
 
-    def _read_pop_behind(self, behind: tuple[str, PopCall] | None) -> list[Popped] | None:
+    def _read_pop_behind(self, behind: PopBehind | None) -> list[Popped] | None:
         """The reply of the pop written behind the BRPOP (read in every case: it follows the BRPOP's on the
         connection); None: none was written, or Redis refused it (``NOSCRIPT`` after a restart or a flush:
         the pop is then made the usual way, which loads the script)."""
@@ -304,7 +311,7 @@ class Channel(kombu_redis.Channel):
         except self.connection_errors:
             raise
         except redis.exceptions.ResponseError as exc:
-            logger.info("pop_behind_brpop_refused lane=%s error=%s: popped the usual way", behind[0], exc)
+            logger.info("pop_behind_brpop_refused lane=%s error=%s: popped the usual way", behind.lane, exc)
             return None
 
     def _brpop_read(self, **options):
@@ -332,7 +339,7 @@ class Channel(kombu_redis.Channel):
                     self._queue_cycle.rotate(queue)
                     self._deliver_popped(item, queue)
                     if popped and behind is not None:
-                        self._deliver_all(behind[0], popped)
+                        self._deliver_all(behind.lane, popped)
                     return True
                 token = bytes_to_str(item)
         finally:
@@ -341,26 +348,20 @@ class Channel(kombu_redis.Channel):
             if flush_reauth is not None:
                 flush_reauth()
         if popped is not None and behind is not None:
-            # The pop ran as the BRPOP returned (a token or its timeout), every list looked at. Delivered as
-            # ``_take`` delivers; closing, or the lane cancelled (paused) since, handed back for another worker.
-            lane = behind[0]
-            self._looked_at_all[lane] = time.monotonic()
-            self._queue_cycle.rotate(lane)
-            if popped and (getattr(self, "_closing", False) or lane not in self.active_queues):
-                self._hand_back_all(popped)
-                raise kombu_redis.Empty()
-            if popped:
-                self._deliver_all(lane, popped)
+            delivered = self._after_pop_behind(behind, popped, token)
+            if delivered:
                 return True
-            raise kombu_redis.Empty()
-        if lane is not None:
+            if delivered is not None:
+                raise kombu_redis.Empty()
+            # None: the BRPOP's timeout, and the pop did not look at every list: the poll below does
+        elif lane is not None:
             self._queue_cycle.rotate(lane)
             if getattr(self, "_closing", False) or lane not in self.active_queues:
                 # Closing, or the lane was cancelled (paused) since the BRPOP was sent: another
                 # worker takes them.
                 self._ring_again(lane, token)
                 raise kombu_redis.Empty()
-            if self._take(lane, _token_bits(token)):
+            if self._take(lane, self._token_read(lane, token)):
                 return True
             raise kombu_redis.Empty()
         taken = 0
@@ -375,6 +376,42 @@ class Channel(kombu_redis.Channel):
         if taken:
             return True
         raise kombu_redis.Empty()
+
+    def _token_read(self, lane: str, token: str) -> int | None:
+        """The lists ``token`` names, kept for the pop behind the next BRPOP."""
+        bits = _token_bits(token)
+        if bits is None:
+            self._last_bits.pop(lane, None)
+        else:
+            self._last_bits[lane] = bits
+        return bits
+
+    def _after_pop_behind(self, behind: PopBehind, popped: list[Popped], token: str | None) -> bool | None:
+        """Act on what the pop behind the BRPOP took, as it ran when the BRPOP returned (a token, or its
+        timeout): delivered as ``_take`` delivers, then the lists the token names that it did not look at
+        taken as usual; closing, or the lane cancelled (paused) since, handed back, and the token rung again.
+        Returns whether it delivered anything; None after a timeout when the pop did not look at every
+        list and found nothing: the poll is still to make."""
+        lane, looked = behind.lane, behind.bits
+        every = (1 << len(self.priority_steps)) - 1
+        if looked is None:
+            self._looked_at_all[lane] = time.monotonic()
+        named = every if token is None else (self._token_read(lane, token) or every)
+        rest = named & ~(every if looked is None else looked)
+        self._queue_cycle.rotate(lane)
+        if getattr(self, "_closing", False) or lane not in self.active_queues:
+            if popped:
+                self._hand_back_all(popped)  # as a rejected message: each rings its list
+            if token is not None and (rest or not popped):
+                self._ring_again(lane, str(rest or named))  # another worker takes them
+            return False
+        if popped:
+            self._deliver_all(lane, popped)
+        if token is not None and rest:
+            return self._take(lane, rest) > 0 or bool(popped)
+        if token is None and rest and not popped:
+            return None
+        return bool(popped)
 
     def _get(self, queue):
         # A synchronous get (``basic_get``, kombu's ``Queue.get``) of a lane takes its message with
@@ -544,6 +581,14 @@ def _written_of(item: bytes | Popped) -> Written:
             return written_message(item.message, item.tag.rpartition(".")[0], item.record, item.tag)
         item = item.message
     return Written(loads(bytes_to_str(item)))
+
+
+class PopBehind(NamedTuple):
+    """The pop written behind a BRPOP: its lane, the lists it looks at (None: every one), its call."""
+
+    lane: str
+    bits: int | None
+    call: PopCall
 
 
 def _token_bits(token: str | None) -> int | None:

@@ -93,8 +93,10 @@ def test_newcomer_makes_a_type_dispatches_over_http_and_requeues_its_dead_letter
     def dead() -> dict | None:
         code, state = _api(live_server, token, "GET", f"/tasks/{task_id}")
         assert code == 200, (code, state)
-        # The dead-letter row is written before the outcome, and the result row after it.
-        return state if state["dead_letter"] and state["state"] != "PENDING" else None
+        # The dead-letter row is written before the outcome (the record reads STARTED until then), and
+        # the result row after it (``task_name`` is the row's: None until it is stored).
+        return state if state["dead_letter"] and state["state"] not in ("PENDING", "STARTED") \
+            and state["task_name"] is not None else None
 
     state = wait_until(dead, timeout=60, interval=0.5, what="the task to be dead-lettered")
     assert state["state"] == "FAILURE" and state["task_name"] == type_name, state  # the task type, not its handler

@@ -19,7 +19,7 @@ from tasks import config
 from tasks.dispatch import admit
 from tasks.errors import DeadLettered
 from tasks.models import DeadLetter, Limit, TaskTypeLimit
-from tests.support.helpers import define, unique, wait_until
+from tests.support.helpers import busiest_second, define, first_starts, unique, wait_until
 
 
 def batched_type(sink, lane: str, *, batch_size: int = 100, window_ms: int = 20, limits=(), **fields) -> str:
@@ -164,10 +164,11 @@ def test_a_rate_limit_holds_for_batches(start_worker, sink, rc):
         t = sorted(a.started for a in sink.sink.attempts)
     assert len(t) == n
     # The limit admits (publishes) at most rate x 1 s + burst per second, and a batch
-    # takes only admitted tasks. A start lags its admission by a few ms, more for the
-    # first batch (the worker's first poll) than later: one token's worth (+1) of
-    # admissions can shift into a start window. Measured: 31 at most; never a batch's worth.
-    worst = max(sum(1 for x in t[i:] if x < s + 1.0) for i, s in enumerate(t))
+    # takes only admitted tasks. Counted at each task's start by its worker's clock (its
+    # history): the sink's arrivals add a request's jitter, and a loaded host made 32-35 of
+    # them in a second with or without the pop behind the BRPOP. One token's worth (+1)
+    # of admissions can still shift into a window; measured 28-29; never a batch's worth.
+    worst = busiest_second(first_starts(r.task_id for r in results))
     assert worst <= rate + burst + 1, worst
     # After the burst, starts follow the rate (demand exceeds it the whole time): within 5 %.
     steady = t[burst:]

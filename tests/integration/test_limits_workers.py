@@ -13,7 +13,7 @@ from lanes import keys
 from tasks import config
 from tasks.dispatch import admit
 from tasks.models import DeadLetter, Limit, TaskTypeLimit
-from tests.support.helpers import define, unique, wait_until
+from tests.support.helpers import busiest_second, define, first_starts, unique, wait_until
 from tests.support.http_sink import SinkServer
 
 
@@ -61,13 +61,14 @@ def test_a_global_rate_holds_across_two_workers(start_worker, sink, rc):
     wait_until(lambda: len(sink.sink.applied) >= n, timeout=60, what="every task applied")
     t = starts(sink)
     assert len(t) == n  # each ran once: nothing lost, nothing retried
-    # No 1-second window holds more than rate + burst starts, give or take the delivery's jitter: the
-    # bucket grants at the claim, the sink sees a start when the run thread's request reaches it, and a
-    # loaded host delays some requests more than others (a window of 1 s at the sink spans up to
-    # 1 s + jitter of grants; 41-45 were seen at load 9-16). Half a second of jitter is allowed; a bucket
-    # that let its burst through twice, or no bucket, fails.
-    worst = max(sum(1 for x in t[i:] if x < s + 1.0) for i, s in enumerate(t))
-    assert worst <= rate + burst + rate // 2, worst
+    # No 1-second window holds more than rate + burst starts. Counted at each attempt's start by its
+    # worker's clock, right after the claim that took the bucket's token (its history): the sink sees a
+    # start only when the run thread's request reaches it, and a loaded host delays some requests more
+    # than others (41-45 and 51 of a bound of 40 were seen at the sink under CI's load). Two tokens' worth
+    # of the two workers' clocks and a claim's reply is allowed; a bucket that let its burst through
+    # twice, or no bucket, fails.
+    worst = busiest_second(first_starts(ids))
+    assert worst <= rate + burst + 2, worst
     # Past the burst, starts follow the rate (demand exceeds it the whole time): by the last start,
     # the bucket allowed ``burst + rate x elapsed`` and no more, within 5 %. (Measured from the first
     # start, not from the burst's last: a worker that drains the burst at once starts the tokens

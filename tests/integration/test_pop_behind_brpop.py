@@ -11,7 +11,7 @@ from kombu import Connection, Consumer, Exchange, Queue
 from lanes import keys, transport
 from lanes.lua import pop_more
 from lanes.lua.loader import script
-from tasks.dispatch import dispatch
+from tasks.dispatch import admit, dispatch
 from tests.support.helpers import define, lane_depth, unique, wait_until
 
 TRANSPORT = "lanes.transport:Transport"
@@ -60,6 +60,39 @@ def test_a_message_that_rings_an_idle_lane_is_popped_in_the_brpops_write(redis_s
         assert rc.sismember(keys.process_in_hand(transport.leases.process_id()), record) or \
             rc.sismember(keys.process_held(transport.leases.process_id()), record)
         message.ack()
+    finally:
+        consumer.cancel()
+        conn.release()
+
+
+def test_a_token_naming_lists_the_pop_behind_did_not_look_at_has_them_taken_at_once(redis_server, rc,
+                                                                                     monkeypatch):
+    """The pop behind looks at the lists the last token named (a lane that keeps up rings the same ones):
+    a message on another list returns the BRPOP with a token naming it, and the channel takes that list
+    in a pop of its own at once (those bits, not the poll's look at every list a second later)."""
+    calls = []
+    own_pop = transport.pop_more
+    monkeypatch.setattr(transport, "pop_more", lambda *a, **k: calls.append(a) or own_pop(*a, **k))
+    type_name, lane = unique("behind-bits"), unique("l-behind-bits")
+    define(type_name, lane=lane)
+    rc.script_load(script(pop_more.NAME).script)
+    received: list = []
+    conn, channel, consumer = _consuming(redis_server, lane, received)
+    try:
+        _wait_in_poll(conn, channel)
+        first = admit(type_name, {"n": 1}, priority=9).task_id
+        wait_until(lambda: _drain(conn) or received, timeout=10, what="the first message delivered")
+        assert calls == []  # it rode the BRPOP
+        _wait_in_poll(conn, channel)
+        looked = channel._pop_behind.bits
+        assert looked == channel._last_bits[lane] and looked is not None  # the first one's list only
+        second = admit(type_name, {"n": 2}, priority=0).task_id
+        wait_until(lambda: _drain(conn) or len(received) == 2, timeout=10, what="the second message delivered")
+        [(_client, _lane, _lists, _room, bits)] = [call[:5] for call in calls]
+        assert bits is not None and bits & looked == 0, (bits, looked)  # the token's other list, not every list
+        assert [message.headers["id"] for message in received] == [first, second]
+        for message in received:
+            message.ack()
     finally:
         consumer.cancel()
         conn.release()

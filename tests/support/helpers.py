@@ -102,3 +102,16 @@ def sweep_reaching(client, record: str, passes: int = 50) -> int:
         if score is None or score > time.time() * 1000:
             break
     return republished
+
+
+def first_starts(task_ids) -> list[float]:
+    """When each task's first attempt began, by its worker's clock right after the claim (its history's
+    ``started`` event), sorted: a limit's grants, without the jitter of a request reaching a sink."""
+    from tasks import history_view
+
+    return sorted(history_view.read(task_id).attempts[0].started_at for task_id in task_ids)
+
+
+def busiest_second(times: list[float]) -> int:
+    """The most of ``times`` (sorted) in any window of one second."""
+    return max((sum(1 for x in times[i:] if x < s + 1.0) for i, s in enumerate(times)), default=0)
