@@ -56,7 +56,10 @@ lane (a platform worker's) writes its ``POP_MORE`` call right behind the
 lane's first message waits for no round trip of its own after the token. Its
 terms (room, claims, ``now_ms``) are those of the send: the channel delivers
 nothing while the ``BRPOP`` is in flight, so its room can only have grown, and
-its leases count from up to a ``BRPOP`` timeout earlier. A server without the
+its leases count from up to a ``BRPOP`` timeout earlier. The token is not
+known yet: the pop looks at the lists the last token named (every list when
+they were not all looked at for a ``BRPOP`` timeout), and what a token names
+beyond them is taken at once, its bits only. A server without the
 script (a restart, a ``SCRIPT FLUSH``) refuses it with ``NOSCRIPT`` and that
 pop is made the usual way, which loads it; what a closing channel, or a lane
 cancelled since the send, popped is handed back to its lane.
