@@ -188,6 +188,9 @@ class Runner:
         self.hostname = consumer.hostname
         self.size = max(1, int(getattr(consumer.pool, "limit", None) or 1))
         self.stuck_max = settings.DISPATCH_STUCK_THREADS_MAX or self.size
+        #: The configuration the rows are written by, read once (None: at the first group's rows, its
+        #: task's backend being the app's).
+        self._row_terms: results.RowTerms | None = None
         self.connection_errors = consumer.connection_errors
         self._mutex = threading.Lock()
         # The run threads' shared work, under the mutex: messages not yet claimed, claimed ones waiting
@@ -682,9 +685,13 @@ class Runner:
     def _rows(self, rows: list[tuple[Item, Any, str]]) -> None:
         """Result rows in one statement; then their finished records may be settled."""
         if rows:
-            results.store_rows(rows[0][0].attempt.task.backend, [
+            backend = rows[0][0].attempt.task.backend
+            terms = self._row_terms
+            if terms is None:
+                terms = self._row_terms = results.RowTerms.of(backend)
+            results.store_rows(backend, [
                 results.Outcome(item.attempt.task_id, item.name, item.attempt.request, value, state)
-                for item, value, state in rows], rows[0][0].attempt.book)
+                for item, value, state in rows], rows[0][0].attempt.book, terms)
 
     def _end(self, item: Item, value: Any = None, state: str | None = None) -> None:
         """The message is done with: events and signals sent, then acked (its record tracks the task from here)."""

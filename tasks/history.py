@@ -209,15 +209,16 @@ def take_for_row(task_id: str, state: str) -> str:
     return take_for_rows([(task_id, state)])[0]
 
 
-def take_for_rows(rows: Sequence[tuple[str, str]]) -> list[str]:
-    """:func:`take_for_row` for each (task id, state) of a group's rows, the configuration read once."""
+def take_for_rows(rows: Sequence[tuple[str, str]], outlive: bool | None = None) -> list[str]:
+    """:func:`take_for_row` for each (task id, state) of a group's rows, the configuration read once
+    (``outlive``: :func:`rows_outlive_history` as its caller read it; None: read here)."""
     global _count
     with _lock:
         wanted = [state in ROW_STATES and task_id in _events for task_id, state in rows]
     if not any(wanted):
         return [""] * len(rows)
     try:
-        if not rows_outlive_history():
+        if not (rows_outlive_history() if outlive is None else outlive):
             return [""] * len(rows)
     except Exception:  # noqa: BLE001 - the configuration unreadable: the key, as before
         return [""] * len(rows)

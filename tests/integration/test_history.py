@@ -355,6 +355,8 @@ def test_events_go_to_a_final_row_only_and_come_back_when_it_is_not_stored(rc):
     with history._flush_lock:  # this process's flusher writes nothing meanwhile
         _events_noted(task_id, ["dispatched", "started"])
         assert history.take_for_row(task_id, "RETRY") == ""
+        # Rows that do not outlive a history (as their caller read it: tasks.results.RowTerms) carry none.
+        assert history.take_for_rows([(task_id, "SUCCESS")], outlive=False) == [""]
         taken = history.take_for_row(task_id, "SUCCESS")
         assert [json_kind(line) for line in history.events_of(taken)] == ["dispatched", "started"]
         assert history.take_for_row(task_id, "SUCCESS") == ""  # taken: the flush will not write them

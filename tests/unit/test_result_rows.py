@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from celery import current_app, states
 
+from tasks import history
 from tasks.grouping import request_context
-from tasks.results import UpsertBackend
+from tasks.results import RowTerms, UpsertBackend
 
 
 def _request(n: int, **extra):
@@ -35,3 +36,8 @@ def test_a_groups_rows_are_each_what_result_row_makes(monkeypatch, extended):
     alone = [backend.result_row(task_id, result, state, None, request, events=events)[0]
              for task_id, result, state, request, events in outcomes]
     assert backend.result_rows(outcomes) == alone
+    # A group runner reads the terms once (RowTerms.of) and passes them: the same rows.
+    terms = RowTerms.of(backend)
+    assert terms == RowTerms(extended, history.rows_outlive_history())
+    assert backend.result_rows(outcomes, terms.extended) == alone
+    assert backend.result_rows(outcomes, not extended) != alone  # the term passed is the one used
