@@ -59,7 +59,9 @@ nothing while the ``BRPOP`` is in flight, so its room can only have grown, and
 its leases count from up to a ``BRPOP`` timeout earlier. The token is not
 known yet: the pop looks at the lists the last token named (every list when
 they were not all looked at for a ``BRPOP`` timeout), and what a token names
-beyond them is taken at once, its bits only. A server without the
+beyond them is taken at once, its bits only. Its room is the one of the send,
+the smallest while the ``BRPOP`` waits: a pop behind that filled it is followed
+at once by a pop with the room of now. A server without the
 script (a restart, a ``SCRIPT FLUSH``) refuses it with ``NOSCRIPT`` and that
 pop is made the usual way, which loads it; what a closing channel, or a lane
 cancelled since the send, popped is handed back to its lane.
@@ -301,7 +303,8 @@ class Channel(kombu_redis.Channel):
         book = self.lease_book
         claims = book.pop_claims() if book.pop_claims is not None else None
         lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
-        return PopBehind(lane, bits, pop_call(lane, lists, max(1, self._room()), bits, book=book, claims=claims))
+        room = max(1, self._room())
+        return PopBehind(lane, bits, room, pop_call(lane, lists, room, bits, book=book, claims=claims))
 
     def _read_pop_behind(self, behind: PopBehind | None) -> list[Popped] | None:
         """The reply of the pop written behind the BRPOP (read in every case: it follows the BRPOP's on the
@@ -410,6 +413,12 @@ class Channel(kombu_redis.Channel):
             return False
         if popped:
             self._deliver_all(lane, popped)
+            if len(popped) >= behind.room and self._room() > 0:
+                # It filled the room it had when it was written, the smallest the room was (acks grew it
+                # while the BRPOP waited): what more there is is taken now, in the same delivery, so a
+                # burst is not taken one message a pop (a batched type behind a limit was fed one item a
+                # batch so).
+                self._take(lane, looked)
         if token is not None and rest:
             return self._take(lane, rest) > 0 or bool(popped)
         if token is None and rest and not popped:
@@ -587,10 +596,11 @@ def _written_of(item: bytes | Popped) -> Written:
 
 
 class PopBehind(NamedTuple):
-    """The pop written behind a BRPOP: its lane, the lists it looks at (None: every one), its call."""
+    """The pop written behind a BRPOP: its lane, the lists it looks at (None: every one), its room, its call."""
 
     lane: str
     bits: int | None
+    room: int
     call: PopCall
 
 

@@ -98,6 +98,38 @@ def test_a_token_naming_lists_the_pop_behind_did_not_look_at_has_them_taken_at_o
         conn.release()
 
 
+def test_a_pop_behind_that_filled_the_room_it_was_written_with_is_followed_by_one_with_the_room_of_now(
+        redis_server, rc):
+    """The pop behind is written when the BRPOP is, its room that of then: the smallest while the BRPOP waits
+    (acks grow it). A burst that arrives once the room has grown is taken whole in the same delivery, not one
+    message a pop (a batched type behind a limit was fed one item a batch so)."""
+    from tasks.bulk import dispatch_many
+
+    type_name, lane = unique("behind-room"), unique("l-behind-room")
+    define(type_name, lane=lane)
+    rc.script_load(script(pop_more.NAME).script)
+    received: list = []
+    conn, channel, consumer = _consuming(redis_server, lane, received)
+    consumer.qos(prefetch_count=4)
+    try:
+        for n in range(3):  # three in hand: a room of one
+            dispatch.delay(type_name, {"n": n})
+        wait_until(lambda: _drain(conn) or len(received) == 3, timeout=10, what="three messages in hand")
+        _wait_in_poll(conn, channel)
+        assert channel._pop_behind is not None and channel._pop_behind.room == 1
+        for message in received:
+            message.ack()  # the room is four again, the pop behind still takes one
+        received.clear()
+        dispatch_many(type_name, [{"n": n} for n in range(3, 6)], timeout=30)
+        assert _drain(conn)  # one BRPOP's reply read
+        assert len(received) == 3, [m.payload for m in received]
+        for message in received:
+            message.ack()
+    finally:
+        consumer.cancel()
+        conn.release()
+
+
 def test_what_the_pop_behind_took_as_the_channel_closed_goes_back_to_its_lane(redis_server, rc):
     """The BRPOP in flight when the channel closes: closing reads its reply and the pop's; the messages the
     pop took have no consumer left and go back to their lane's lists (kombu's delivery puts them back)."""
