@@ -290,16 +290,14 @@ class Channel(kombu_redis.Channel):
 
     def _pop_behind_brpop(self, lanes: set[str]) -> PopBehind | None:
         """The lane's pop to write behind the BRPOP (``DISPATCH_POP_WITH_BRPOP``): a channel of one lane, the
-        terms (room, claims) of now: the BRPOP in flight, the channel delivers nothing until it returns, so
-        its room can only have grown. The token is not known yet: the pop looks at the lists the last one
+        terms (room, claims) of now (acks grow the room while the BRPOP waits: ``_after_pop_behind`` takes
+        the rest). The token is not known yet: the pop looks at the lists the last one
         named (a lane that keeps up rings the same ones), every list when they were not all looked at for a
         BRPOP timeout (as ``_take``); what the token names beyond them is taken once it is read."""
         if len(lanes) != 1 or self.global_keyprefix or not settings.DISPATCH_POP_WITH_BRPOP or self.closed:
             return None
         [lane] = lanes
-        bits = self._last_bits.get(lane)
-        if bits is not None and time.monotonic() - self._looked_at_all.get(lane, 0.0) >= self.brpop_timeout:
-            bits = None
+        bits = None if self._due_for_every_list(lane, time.monotonic()) else self._last_bits.get(lane)
         book = self.lease_book
         claims = book.pop_claims() if book.pop_claims is not None else None
         lists = [self._q_for_pri(lane, pri) for pri in self.priority_steps]
@@ -383,6 +381,15 @@ class Channel(kombu_redis.Channel):
             return True
         raise kombu_redis.Empty()
 
+    @property
+    def _every_list(self) -> int:
+        """A lane's lists as doorbell bits: all of them."""
+        return (1 << len(self.priority_steps)) - 1
+
+    def _due_for_every_list(self, lane: str, now: float) -> bool:
+        """Whether ``lane``'s lists were not all looked at for a BRPOP timeout: its next pop looks at every one."""
+        return now - self._looked_at_all.get(lane, 0.0) >= self.brpop_timeout
+
     def _token_read(self, lane: str, token: str) -> int | None:
         """The lists ``token`` names, kept for the pop behind the next BRPOP."""
         bits = _token_bits(token)
@@ -399,7 +406,7 @@ class Channel(kombu_redis.Channel):
         Returns whether it delivered anything; None after a timeout when the pop did not look at every
         list and found nothing: the poll is still to make."""
         lane, looked = behind.lane, behind.bits
-        every = (1 << len(self.priority_steps)) - 1
+        every = self._every_list
         if looked is None:
             self._looked_at_all[lane] = time.monotonic()
         named = every if token is None else (self._token_read(lane, token) or every)
@@ -468,7 +475,7 @@ class Channel(kombu_redis.Channel):
         if self.closed or self.connection is None:
             return 0
         now = time.monotonic()
-        if bits is not None and now - self._looked_at_all.get(lane, 0.0) >= self.brpop_timeout:
+        if bits is not None and self._due_for_every_list(lane, now):
             bits = None
         if bits is None:
             self._looked_at_all[lane] = now
@@ -516,7 +523,7 @@ class Channel(kombu_redis.Channel):
         """Put back a doorbell token this channel took and will not act on."""
         bits = _token_bits(token)
         try:
-            ring(self._calls(), lane, (1 << len(self.priority_steps)) - 1 if bits is None else bits)
+            ring(self._calls(), lane, self._every_list if bits is None else bits)
         except Exception:  # the other workers' poll finds the messages within a second
             logger.warning("doorbell_not_rung_again lane=%s", lane, exc_info=True)
 

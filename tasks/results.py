@@ -144,7 +144,7 @@ class RowTerms(NamedTuple):
     @classmethod
     def of(cls, backend: Any) -> RowTerms:
         """The terms in force now (the configuration a worker started with)."""
-        return cls(bool(backend.app.conf.find_value_for_key("extended", "result")), history.rows_outlive_history())
+        return cls(backend.rows_extended(), history.rows_outlive_history())
 
 
 #: Every term read at the call.
@@ -262,13 +262,17 @@ class UpsertBackend(DatabaseBackend):
                    meta=encoded_meta, result=encoded, status=status, traceback=traceback)
         return row, encoded
 
+    def rows_extended(self) -> bool:
+        """Celery's ``result_extended``: whether rows carry the task's name, arguments and worker."""
+        return bool(self.app.conf.find_value_for_key("extended", "result"))
+
     def result_rows(self, outcomes: Sequence[tuple[str, Any, str, Any, str]],
                     extended: bool | None = None) -> list[dict[str, Any]]:
         """The rows of many outcomes (task id, encoded result, state, request, history events; no traceback):
         each what ``result_row`` makes, with what every row of a group shares looked up or encoded once (the
         ``result_extended`` setting, the empty meta, the ``argsrepr`` the platform's messages carry)."""
         if extended is None:
-            extended = bool(self.app.conf.find_value_for_key("extended", "result"))
+            extended = self.rows_extended()
         encoded: dict[str, Any] = {}  # argsrepr -> its encoding ("()" for every platform message)
         empty_meta = None
         rows = []
