@@ -30,8 +30,10 @@ from django.db import connections, router
 from django.utils import timezone
 from django_celery_results.backends.database import DatabaseBackend
 from django_celery_results.models import TaskResult
+from kombu.serialization import registry as serializer_registry
+from kombu.utils import json as kombu_json
 
-from lanes import keys, leases
+from lanes import jsontext, keys, leases
 from lanes.redis_client import get_redis
 from tasks import history
 from tasks.errors import DeadLettered
@@ -246,6 +248,16 @@ def outcome_from_redis(task_id: str, timeout: float | None, propagate: bool, int
 
 
 class UpsertBackend(DatabaseBackend):
+    def _encode(self, data: Any) -> tuple[str, str, Any]:
+        """Celery's encoding of a value (content type, encoding, text): with the serializer registered as kombu
+        registers its ``json``, the text of ``jsontext.kombu_text`` (the same, with an encoder built once)."""
+        codec = serializer_registry._encoders.get(self.serializer)
+        if codec is not None and codec.encoder is kombu_json.dumps:
+            text = jsontext.kombu_text(data)
+            if text is not None:
+                return codec.content_type, codec.content_encoding, text
+        return super()._encode(data)
+
     def result_row(self, task_id: str, result: Any, status: str, traceback: Any = None,
                    request: Any = None, events: str = "") -> tuple[dict[str, Any], Any]:
         """The row to store (keyed by column) and the encoded result Celery returns; ``events``: the task's

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import pytest
 from celery import current_app, states
+from hypothesis import given, settings
 
 from tasks import history
 from tasks.grouping import request_context
 from tasks.results import RowTerms, UpsertBackend
+from tests.unit.test_jsontext import kombu_values
 
 
 def _request(n: int, **extra):
@@ -41,3 +43,38 @@ def test_a_groups_rows_are_each_what_result_row_makes(monkeypatch, extended):
     assert terms == RowTerms(extended, history.rows_outlive_history())
     assert backend.result_rows(outcomes, terms.extended) == alone
     assert backend.result_rows(outcomes, not extended) != alone  # the term passed is the one used
+
+
+def _celery_encoding(value):
+    """The reference: Celery's backend encoding as kombu's registry writes it (``Backend._encode``)."""
+    from kombu.serialization import dumps
+
+    try:
+        return "ok", dumps(value, serializer="json")
+    except Exception as exc:  # noqa: BLE001 - the refusal itself is compared
+        return "error", type(exc).__name__
+
+
+def _ours(backend, value):
+    try:
+        return "ok", backend._encode(value)
+    except Exception as exc:  # noqa: BLE001
+        return "error", type(exc).__name__
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=kombu_values)
+def test_the_backends_encoding_is_celerys(value):
+    backend = current_app.backend
+    assert backend.serializer == "json"
+    assert _ours(backend, value) == _celery_encoding(value)
+
+
+def test_another_json_encoder_registered_is_the_one_used(monkeypatch):
+    """A project that registers its own ``json`` encoder gets its text, not the shortcut's."""
+    from kombu.serialization import registry
+
+    backend = current_app.backend
+    assert backend._encode({"a": 1})[2] == '{"a": 1}'
+    monkeypatch.setitem(registry._encoders, "json", registry._encoders["json"]._replace(encoder=lambda v: "custom"))
+    assert backend._encode({"a": 1})[2] == "custom"
