@@ -99,30 +99,38 @@ class Envelope:
 
     @classmethod
     def from_dict(cls, data: Any) -> Envelope:
-        """Parse a received envelope; raise ValueError naming the bad field."""
+        """Parse a received envelope; raise ValueError naming the bad field (every delivery parses one: the
+        checks are a table read once, the fields passed by name, no dict built)."""
         if not isinstance(data, dict):
             raise ValueError("the 'dispatch' argument must be an object")
-        expected: dict[str, type | tuple[type, ...]] = {
-            "type": str, "lane": str, "priority": int, "attempt": int,
-            "deadline": (int, float), "dispatched_at": (int, float), "chat": str, "key": str,
-        }
-        for name, kind in expected.items():
+        for name, kind in _REQUIRED:
             value = data.get(name)
-            if not isinstance(value, kind) or isinstance(value, bool):
+            if not isinstance(value, kind) or value is True or value is False:
                 raise ValueError(f"field '{name}' is missing or has the wrong type")
         meta = data.get("meta")
         if meta is not None and not isinstance(meta, dict):
             raise ValueError("field 'meta' must be an object")
-        if not isinstance(data.get("policy", ""), str):
+        policy = data.get("policy", "")
+        if not isinstance(policy, str):
             raise ValueError("field 'policy' must be a string")
         due = data.get("due", 0.0)
-        if not isinstance(due, (int, float)) or isinstance(due, bool):
+        if not isinstance(due, (int, float)) or due is True or due is False:
             raise ValueError("field 'due' must be a number")
-        if data["attempt"] < 1 or not 0 <= data["priority"] <= 9:
+        attempt, priority = data["attempt"], data["priority"]
+        if attempt < 1 or not 0 <= priority <= 9:
             raise ValueError("field 'attempt' or 'priority' is out of range")
-        _check_trace(data.get("trace"))
-        return cls(**{name: data[name] for name in (*expected, "meta", "policy", "due", "trace") if name in data})
+        trace = data.get("trace")
+        _check_trace(trace)
+        return cls(type=data["type"], lane=data["lane"], priority=priority, attempt=attempt,
+                   deadline=data["deadline"], dispatched_at=data["dispatched_at"], chat=data["chat"],
+                   key=data["key"], meta=meta, policy=policy, due=due, trace=trace)
 
+
+#: The fields every envelope carries, and the types each may have (a bool is never a number here).
+_REQUIRED: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("type", str), ("lane", str), ("priority", int), ("attempt", int), ("deadline", (int, float)),
+    ("dispatched_at", (int, float)), ("chat", str), ("key", str),
+)
 
 #: An envelope's ``trace`` holds at most this many keys, each value at most this many characters.
 TRACE_MAX_KEYS = 8

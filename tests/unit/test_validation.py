@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lanes.priorities import from_kombu, to_kombu
 from tasks.reasons import REJECTION_REASONS
@@ -148,3 +150,68 @@ def test_a_payload_that_holds_itself_is_refused_not_raised():
     looped.append(looped)
     assert reason_of(metadata={"m": looped}) == "invalid_metadata"
     assert check_dispatch(**BASE).payload_json == '{"a":1}'  # the encoder still works after the recursion
+
+
+# --- Envelope.from_dict: its checks, as they were written first ------------------------------
+
+def _reference_from_dict(data):
+    """The parse as first written (a dict of expected types built a call, ``isinstance(value, bool)``, the
+    fields gathered by a comprehension): ``Envelope.from_dict`` must accept and refuse exactly as it did."""
+    from lanes.messages import Envelope, _check_trace
+
+    if not isinstance(data, dict):
+        raise ValueError("the 'dispatch' argument must be an object")
+    expected = {"type": str, "lane": str, "priority": int, "attempt": int,
+                "deadline": (int, float), "dispatched_at": (int, float), "chat": str, "key": str}
+    for name, kind in expected.items():
+        value = data.get(name)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(f"field '{name}' is missing or has the wrong type")
+    meta = data.get("meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise ValueError("field 'meta' must be an object")
+    if not isinstance(data.get("policy", ""), str):
+        raise ValueError("field 'policy' must be a string")
+    due = data.get("due", 0.0)
+    if not isinstance(due, (int, float)) or isinstance(due, bool):
+        raise ValueError("field 'due' must be a number")
+    if data["attempt"] < 1 or not 0 <= data["priority"] <= 9:
+        raise ValueError("field 'attempt' or 'priority' is out of range")
+    _check_trace(data.get("trace"))
+    return Envelope(**{name: data[name] for name in (*expected, "meta", "policy", "due", "trace") if name in data})
+
+
+def _parsed(parse, data):
+    try:
+        return "ok", parse(data)
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+_field_values = (st.none() | st.booleans() | st.integers(-3, 12) | st.floats(allow_nan=False) | st.text(max_size=4)
+                 | st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2)
+                 | st.lists(st.integers(), max_size=2))
+_good = {"type": st.text(max_size=5), "lane": st.text(max_size=5), "priority": st.integers(0, 9),
+         "attempt": st.integers(1, 5), "deadline": st.floats(0, 1e10), "dispatched_at": st.integers(0, 10**10),
+         "chat": st.text(max_size=3), "key": st.text(max_size=3), "meta": st.none() | st.just({"a": 1}),
+         "policy": st.text(max_size=4), "due": st.floats(0, 1e10), "trace": st.none() | st.just({"traceparent": "x"})}
+
+
+@st.composite
+def _envelopes(draw):
+    data = {}
+    for name, good in _good.items():
+        choice = draw(st.sampled_from(["good", "good", "good", "bad", "absent"]))
+        if choice != "absent":
+            data[name] = draw(good if choice == "good" else _field_values)
+    if draw(st.booleans()):
+        data["extra"] = draw(_field_values)  # an unknown field is ignored
+    return data
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=_envelopes() | _field_values)
+def test_an_envelope_is_parsed_and_refused_as_it_was(data):
+    from lanes.messages import Envelope
+
+    assert _parsed(Envelope.from_dict, data) == _parsed(_reference_from_dict, data)
