@@ -46,3 +46,13 @@ def test_refusals_are_invalid_eta_naming_what_is_wrong(countdown, eta, says):
         due_at(countdown=countdown, eta=eta, **BOUNDS)
     assert err.value.reason == "invalid_eta"
     assert says in err.value.detail, err.value.detail
+
+
+def test_a_due_time_in_the_deadlines_last_millisecond_is_refused_as_at_the_deadline():
+    """Both are stored in whole ms (truncated): due 0.2 ms before the deadline would be stored at it, and
+    expire as it became due (CI: a property test met due_ms == deadline_ms)."""
+    bounds = {**BOUNDS, "deadline_s": NOW + 0.5006}
+    assert int((NOW + 0.5004) * 1000) == int(bounds["deadline_s"] * 1000)
+    with pytest.raises(Invalid, match="at or after the task's deadline"):
+        due_at(countdown=0.5004, eta=None, **bounds)
+    assert due_at(countdown=0.4990, eta=None, **bounds) == NOW + 0.4990  # a millisecond before: due
