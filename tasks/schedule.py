@@ -45,7 +45,7 @@ def due_at(*, countdown: object, eta: object, now_s: float, deadline_s: float, m
         return None
     # Compared as both are stored (whole ms, truncated: lanes/lua/admit.py): a due time within the deadline's
     # last millisecond would be stored at the deadline itself, where the task expires as it becomes due.
-    if due >= deadline_s or int(due * 1000) >= int(deadline_s * 1000):
+    if due >= deadline_s or (math.isfinite(deadline_s) and int(due * 1000) >= int(deadline_s * 1000)):
         raise Invalid(REASON, f"{what} is at or after the task's deadline ({deadline_s - now_s:g}s from now): "
                               "it could never start; pass a longer timeout")
     return due

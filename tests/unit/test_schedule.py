@@ -56,3 +56,5 @@ def test_a_due_time_in_the_deadlines_last_millisecond_is_refused_as_at_the_deadl
     with pytest.raises(Invalid, match="at or after the task's deadline"):
         due_at(countdown=0.5004, eta=None, **bounds)
     assert due_at(countdown=0.4990, eta=None, **bounds) == NOW + 0.4990  # a millisecond before: due
+    # No deadline to compare with (the HTTP API checks a caller's options before the type's timeout is known).
+    assert due_at(countdown=0.5004, eta=None, **{**BOUNDS, "deadline_s": float("inf")}) == NOW + 0.5004
