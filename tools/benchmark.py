@@ -41,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -86,6 +87,7 @@ DRAMATIQ_DEFAULT_THREADS = 8
 TASKIQ_DEFAULT_WORKERS = 2
 WORKLOADS: dict[str, str] = {
     "dispatch": "dispatch only (calls/s, nobody consuming)",
+    "dispatch8": "dispatch only, from 8 threads of one process at once (calls/s, nobody consuming)",
     "noop": "end to end, no-op (tasks/s drained)",
     "io": "end to end, 20 ms I/O (tasks/s drained)",
     "latency": "enqueue->start p50/p99 ms, idle (spaced sends) and at 50% of the plain path's no-op capacity",
@@ -93,7 +95,10 @@ WORKLOADS: dict[str, str] = {
 }
 #: Workloads run when none are named (``sms`` only on request: it needs its supplier, and only
 #: the platform's two systems run it; ``latency`` only on request: about 15 s a system).
-DEFAULT_WORKLOADS = [w for w in WORKLOADS if w not in ("sms", "latency")]
+DEFAULT_WORKLOADS = [w for w in WORKLOADS if w not in ("sms", "latency", "dispatch8")]
+#: The workloads that only send (no worker runs), and the threads of ``dispatch8``'s one producer process.
+SEND_ONLY_WORKLOADS = ("dispatch", "dispatch8")
+DISPATCH_THREADS = 8
 #: The latency workload's loaded phase runs at this share of the plain path's no-op capacity.
 LATENCY_LOAD_SHARE = 0.5
 #: The systems that run the ``sms`` workload, and the task type each sends.
@@ -402,7 +407,7 @@ class Bench:
         return self.o.pool, self.o.concurrency  # noop and latency
 
     def describe_workers(self, system: str, workload: str) -> str:
-        if workload == "dispatch":
+        if workload in SEND_ONLY_WORKLOADS:
             return "none"
         pool, conc = self.worker_shape(workload)
         if system in DRAMATIQ_SYSTEMS:
@@ -485,10 +490,15 @@ class Bench:
         if workload == "sms" and system not in SMS_TYPES:
             m.error = "skipped: the sms workload is the platform's demo (systems platform and batch)"
             return m
+        if workload == "dispatch8" and system in ("taskiq", "batch-bulk"):
+            m.error = ("skipped: taskiq's sender here is one asyncio loop (not shared by threads)" if system == "taskiq"
+                       else "skipped: dispatch_many sends in bulk from one thread (see the dispatch row)")
+            return m
         if workload == "latency" and system == "batch-bulk":
             m.error = "skipped: the latency workload sends one task at a time (see the batch row)"
             return m
-        n = {"dispatch": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io, "sms": self.o.n_sms,
+        n = {"dispatch": self.o.n_dispatch, "dispatch8": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io,
+             "sms": self.o.n_sms,
              "latency": 0}[workload]
         probe_dir = self.tmp / f"probe-{workload}-{system}-{round_no}"
         latency_dir = self.tmp / f"latency-{workload}-{system}-{round_no}"
@@ -501,7 +511,7 @@ class Bench:
                 rate = self.o.latency_rate or capacity * LATENCY_LOAD_SHARE
                 latency = {"idle_n": self.o.latency_idle_n, "gap_ms": self.o.latency_gap_ms, "rate": rate,
                            "load_n": max(1, round(rate * self.o.latency_load_s)), "capacity": capacity}
-            if workload != "dispatch":
+            if workload not in SEND_ONLY_WORKLOADS:
                 procs = self.start_workers(system, workload, probe_dir, latency_dir)
             spec = {"system": system, "mode": workload, "n": n, "warmup": self.o.warmup, "chats": self.o.chats,
                     "ms": self.o.io_ms if workload == "io" else 0, "probe_dir": str(probe_dir),
@@ -669,7 +679,7 @@ def summarize(measurements: list[Measurement], systems: list[str], workloads: li
                 base_cpu = row.cpu_ms_total
             if base:
                 row.ratio = round(row.median / base, 2)
-            if base_cpu and row.cpu_ms_total and workload != "dispatch":
+            if base_cpu and row.cpu_ms_total and workload not in SEND_ONLY_WORKLOADS:
                 row.cpu_ratio = round(base_cpu / row.cpu_ms_total, 2)
             rows.append(row)
     for workload in [w for w in workloads if w != "latency"]:
@@ -816,13 +826,15 @@ def produce(spec: dict) -> dict[str, Any]:
     empty = _drained_check(system, r, keys)
 
     rejected = 0
-    if mode == "dispatch":
+    if mode in SEND_ONLY_WORKLOADS:
         for i in range(warmup):
             send(i, {"n": i, "ms": ms})
         by0, cpu0, rt0 = _commandstats(r), time.process_time(), probe.snapshot().get("redis_round_trips", 0)
         t0 = time.perf_counter()
         if system == "batch-bulk":
             rejected += _send_bulk(n, ms)
+        elif mode == "dispatch8":
+            rejected += _send_from_threads(send, n, ms, DISPATCH_THREADS)
         else:
             for i in range(n):
                 rejected += send(i, {"n": i, "ms": ms})
@@ -987,6 +999,25 @@ def _sender(system: str, chats: int) -> Callable[[int, dict], int]:
             def send(i: int, payload: dict) -> int:
                 return 0 if dispatch.delay(CHAT_TYPE, payload, chat_id=f"bc-{i % chats}").accepted else 1
     return send
+
+
+def _send_from_threads(send: Callable[[int, dict], int], n: int, ms: float, threads: int) -> int:
+    """``n`` sends shared by ``threads`` threads of this process, released together; returns how many were
+    rejected. A caller's threads each calling its send at once: what ``tasks.bulk.Joiner`` folds into shared
+    round trips on the platform (the row's round trips a task), and each peer's client does as it does."""
+    start = threading.Barrier(threads)
+    rejected = [0] * threads
+
+    def run(k: int) -> None:
+        start.wait()
+        rejected[k] = sum(send(i, {"n": i, "ms": ms}) for i in range(k, n, threads))
+
+    pool = [threading.Thread(target=run, args=(k,), name=f"bench-send-{k}") for k in range(threads)]
+    for thread in pool:
+        thread.start()
+    for thread in pool:
+        thread.join()
+    return sum(rejected)
 
 
 #: Items per ``dispatch_many`` call of the ``batch-bulk`` system.

@@ -156,3 +156,25 @@ def test_latency_counts_every_task_sent(peers_and_latency):
         # Paced at half the plain path's no-op rate measured in the same run.
         assert load["capacity"] == capacity, (system, load)
         assert load["sent"] == max(1, round(capacity * 0.5 * 0.5)), (system, load)
+
+
+@pytest.mark.slow
+def test_eight_threads_sending_share_the_platforms_round_trips():
+    """``dispatch8``: one producer process, eight threads sending at once. The platform's concurrent
+    ``dispatch.delay`` calls travel together (``tasks.bulk.Joiner``): fewer round trips and Redis commands a
+    task than one thread's loop in the same run (counted, never timed); a peer's row is measured as its client
+    sends; a system whose sender cannot be shared by threads says why it is skipped."""
+    systems = ["platform", "batch-bulk", "taskiq", *(s for s in ("dramatiq-defaults",) if peer_available(s))]
+    rows = {(r["workload"], r["system"]): r for r in _quick(["dispatch", "dispatch8"], systems)["rows"]}
+    one, eight = rows[("dispatch", "platform")], rows[("dispatch8", "platform")]
+    assert one["status"] == "ok" and eight["status"] == "ok", (one, eight)
+    assert one["redis_round_trips_per_task"] == 1, one  # a lone call: one round trip each
+    assert eight["redis_round_trips_per_task"] < 1, eight
+    assert eight["redis_commands_per_task"] < one["redis_commands_per_task"], (one["commands_by_name"],
+                                                                              eight["commands_by_name"])
+    assert eight["workers"] == "none"
+    for system in ("batch-bulk", "taskiq"):
+        assert rows[("dispatch8", system)]["status"].startswith("skipped: "), rows[("dispatch8", system)]
+    if ("dispatch8", "dramatiq-defaults") in rows:
+        assert rows[("dispatch8", "dramatiq-defaults")]["status"] == "ok"
+        assert rows[("dispatch8", "platform")]["best_peer"] == "dramatiq-defaults"
