@@ -126,6 +126,12 @@ class Envelope:
                    key=data["key"], meta=meta, policy=policy, due=due, trace=trace)
 
 
+def stored_ms(seconds: float) -> int:
+    """An envelope's time (its deadline, its due time) as admission stores it in the record: whole epoch
+    milliseconds, truncated (``lanes.lua.admit``). Two times within one millisecond are stored equal."""
+    return int(seconds * 1000)
+
+
 #: The fields every envelope carries, and the types each may have (a bool is never a number here).
 _REQUIRED: tuple[tuple[str, type | tuple[type, ...]], ...] = (
     ("type", str), ("lane", str), ("priority", int), ("attempt", int), ("deadline", (int, float)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from datetime import datetime
 
+from lanes.messages import stored_ms
 from tasks.validation import Invalid, shown
 
 REASON = "invalid_eta"
@@ -43,9 +44,9 @@ def due_at(*, countdown: object, eta: object, now_s: float, deadline_s: float, m
         what = f"eta {shown(eta, 80)}"
     if due <= now_s:
         return None
-    # Compared as both are stored (whole ms, truncated: lanes/lua/admit.py): a due time within the deadline's
-    # last millisecond would be stored at the deadline itself, where the task expires as it becomes due.
-    if due >= deadline_s or (math.isfinite(deadline_s) and int(due * 1000) >= int(deadline_s * 1000)):
+    # Compared as both are stored (``stored_ms``): a due time within the deadline's last millisecond would be
+    # stored at the deadline itself, where the task expires as it becomes due. No deadline (inf): none to meet.
+    if math.isfinite(deadline_s) and stored_ms(due) >= stored_ms(deadline_s):
         raise Invalid(REASON, f"{what} is at or after the task's deadline ({deadline_s - now_s:g}s from now): "
                               "it could never start; pass a longer timeout")
     return due

@@ -99,6 +99,11 @@ DEFAULT_WORKLOADS = [w for w in WORKLOADS if w not in ("sms", "latency", "dispat
 #: The workloads that only send (no worker runs), and the threads of ``dispatch8``'s one producer process.
 SEND_ONLY_WORKLOADS = ("dispatch", "dispatch8")
 DISPATCH_THREADS = 8
+#: The systems ``dispatch8`` skips, and why.
+NOT_SENT_FROM_THREADS = {
+    "taskiq": "taskiq's sender here is one asyncio loop (not shared by threads)",
+    "batch-bulk": "dispatch_many sends in bulk from one thread (see the dispatch row)",
+}
 #: The latency workload's loaded phase runs at this share of the plain path's no-op capacity.
 LATENCY_LOAD_SHARE = 0.5
 #: The systems that run the ``sms`` workload, and the task type each sends.
@@ -490,16 +495,14 @@ class Bench:
         if workload == "sms" and system not in SMS_TYPES:
             m.error = "skipped: the sms workload is the platform's demo (systems platform and batch)"
             return m
-        if workload == "dispatch8" and system in ("taskiq", "batch-bulk"):
-            m.error = ("skipped: taskiq's sender here is one asyncio loop (not shared by threads)" if system == "taskiq"
-                       else "skipped: dispatch_many sends in bulk from one thread (see the dispatch row)")
+        if workload == "dispatch8" and system in NOT_SENT_FROM_THREADS:
+            m.error = f"skipped: {NOT_SENT_FROM_THREADS[system]}"
             return m
         if workload == "latency" and system == "batch-bulk":
             m.error = "skipped: the latency workload sends one task at a time (see the batch row)"
             return m
-        n = {"dispatch": self.o.n_dispatch, "dispatch8": self.o.n_dispatch, "noop": self.o.n_noop, "io": self.o.n_io,
-             "sms": self.o.n_sms,
-             "latency": 0}[workload]
+        n = {"dispatch": self.o.n_dispatch, "dispatch8": self.o.n_dispatch, "noop": self.o.n_noop,
+             "io": self.o.n_io, "sms": self.o.n_sms, "latency": 0}[workload]
         probe_dir = self.tmp / f"probe-{workload}-{system}-{round_no}"
         latency_dir = self.tmp / f"latency-{workload}-{system}-{round_no}"
         procs: list[_Proc] = []

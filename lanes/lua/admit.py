@@ -21,6 +21,7 @@ from redis.exceptions import RedisError, ResponseError
 from lanes import counters, keys
 from lanes.lua.loader import Packed, ScriptStream, bulk_strings
 from lanes.lua.loader import utf8_length as _length
+from lanes.messages import stored_ms
 
 NAME = "admit"
 #: admit.lua's layout (its header): the chunk's keys and arguments, then each item's arguments.
@@ -365,4 +366,4 @@ _DIGITS = tuple(str(digit) for digit in range(10))
 def _ms(seconds: float) -> str:
     """``seconds`` in whole milliseconds, as text: a chunk's items share their deadline and due times
     (one ``now`` a chunk), so this is mostly a lookup."""
-    return str(int(seconds * 1000))
+    return str(stored_ms(seconds))

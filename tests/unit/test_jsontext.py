@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import decimal
 import enum
 import json
 import uuid
@@ -103,7 +104,7 @@ class Reduced:
 
 kombu_scalars = scalars | st.sampled_from([
     b"bytes", b"\xff\xfe", datetime.datetime(2026, 12, 1, 5, 6, 7), datetime.time(1, 2), uuid.UUID(int=9),
-    __import__("decimal").Decimal("1.25"), Reduced(), {1, 2}, object(),
+    decimal.Decimal("1.25"), Reduced(), {1, 2}, object(),
 ])
 kombu_values = st.recursive(
     kombu_scalars,
