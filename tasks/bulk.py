@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -28,6 +27,7 @@ from celery import shared_task
 
 from lanes import memory_guard
 from lanes.forksafe import ForkSafeLock
+from lanes.latch import Latch
 from lanes.lua import admit
 from lanes.lua.loader import NotSent
 from lanes.redis_client import deadline
@@ -195,7 +195,7 @@ class Waiting:
         self.task_type, self.payload, self.options, self.task_id = task_type, payload, options, task_id
         self.replace, self.share = replace, share
         self.result: DispatchResult | None = None
-        self.turn: threading.Event | None = None  # set when its result is in, or when it leads the next turn
+        self.turn: Latch | None = None  # set when its result is in, or when it leads the next turn
         self.until = float("inf")  # monotonic time by which its caller has an answer, whoever's turn it is in
 
 
@@ -225,7 +225,7 @@ class Joiner:
             if lead:
                 self._busy = True
             else:
-                entry.turn = threading.Event()
+                entry.turn = Latch()
                 self._waiting.append(entry)
         if not lead:
             assert entry.turn is not None
