@@ -1,4 +1,4 @@
-"""A one-shot latch: ``threading.Event``'s ``set``/``is_set``/``wait`` for an event set at most once.
+"""A one-shot latch: ``threading.Event``'s ``set``/``is_set``/``wait`` for an event never cleared.
 
 ``tasks.bulk.Joiner`` makes one for each ``dispatch.delay`` that waits on another thread's turn in
 Redis; eight threads dispatching at once make and wake thousands a second. ``threading.Event`` is
@@ -14,7 +14,7 @@ from _thread import allocate_lock
 
 
 class Latch:
-    """Set once (a second ``set`` raises ``RuntimeError``, as releasing an unheld lock does)."""
+    """Set once; a later ``set`` changes nothing, as an ``Event``'s does."""
 
     __slots__ = ("_lock", "_set")
 
@@ -25,9 +25,12 @@ class Latch:
 
     def set(self) -> None:
         if self._set:
-            raise RuntimeError("a Latch is set once")
+            return
         self._set = True  # before the release: a wait that finds it True need not take the lock
-        self._lock.release()
+        try:
+            self._lock.release()
+        except RuntimeError:  # two sets at once both passed the check: the other released it
+            pass
 
     def is_set(self) -> bool:
         return self._set
@@ -43,5 +46,8 @@ class Latch:
         else:
             got = self._lock.acquire(False)
         if got:
-            self._lock.release()  # the lock stays free once set: every later wait takes it at once
+            try:
+                self._lock.release()  # the lock stays free once set: every later wait takes it at once
+            except RuntimeError:  # a second of two sets at once released it under this wait
+                pass
         return got or self._set
