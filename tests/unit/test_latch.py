@@ -63,16 +63,16 @@ def test_a_wait_on_an_unset_latch_times_out_false():
     assert not latch.is_set()
 
 
+def _set_when_released(latch: Latch, barrier: threading.Barrier) -> None:
+    barrier.wait()
+    latch.set()
+
+
 def test_sets_from_many_threads_at_once_set_it_once():
     for _ in range(200):
         latch = Latch()
         barrier = threading.Barrier(4)
-
-        def setter(latch: Latch, barrier: threading.Barrier) -> None:
-            barrier.wait()
-            latch.set()
-
-        threads = [threading.Thread(target=setter, args=(latch, barrier)) for _ in range(4)]
+        threads = [threading.Thread(target=_set_when_released, args=(latch, barrier)) for _ in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
